@@ -1,0 +1,772 @@
+//! The chat actor: owner of one `ChatState`, its active turn, and every
+//! interaction open in it.
+//!
+//! Actions are handled one at a time. While a batch is in the journal the actor
+//! waits (`ctx.wait`), so the state a `subscribe` snapshots always equals what
+//! has been published — a snapshot never contains an action its subscriber
+//! will also receive.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use ahp::reducers::{apply_action_to_chat, ReduceOutcome};
+use ahp_types::actions::{
+    ChatErrorAction, ChatInputCompletedAction, ChatInputRequestedAction,
+    ChatPendingMessageRemovedAction, ChatToolCallReadyAction, ChatToolCallStartAction,
+    ChatTurnStartedAction, StateAction,
+};
+use ahp_types::state::{
+    ChatInputRequest, ChatInputResponseKind, ChatState, ErrorInfo, ErrorResponsePart,
+    PendingMessageKind, ResponsePart, SessionInputRequest, SessionStatus,
+    ToolCallConfirmationReason, ToolInput,
+};
+use tokio::sync::oneshot;
+
+use super::core::{Accepted, ChannelCore, Shared};
+use super::rollup;
+use super::session::{ChatSummaryChanged, RollupChanged, SessionActor};
+use super::validate::{self, Rejection};
+use super::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::interactions::{tool_options, Interaction, Outcome, Settlement};
+use crate::protocol::RpcError;
+use crate::providers::{AgentTurn, ChatHandle};
+use crate::publish::Hub;
+use crate::time::{millis_since, now_rfc3339};
+
+/// An open input request an agent is waiting on.
+struct PendingInput {
+    turn_id: String,
+    reply: oneshot::Sender<Settlement>,
+    /// Any answer activity since it opened (disables the auto-resolution).
+    engaged: bool,
+    /// Set when the host completes the request for a reason of its own
+    /// (timeout, clarification), so the completion settles with that outcome.
+    forced: Option<Settlement>,
+}
+
+/// A tool call waiting for confirmation.
+struct PendingTool {
+    turn_id: String,
+    reply: oneshot::Sender<Settlement>,
+}
+
+/// One chat channel.
+pub struct ChatActor {
+    core: ChannelCore,
+    session: Arc<str>,
+    session_addr: Addr<SessionActor>,
+    /// Provider id of the owning session.
+    provider: String,
+    state: ChatState,
+    /// Every turn id ever started here (a reused id is rejected).
+    used_turn_ids: HashSet<String>,
+    inputs: HashMap<String, PendingInput>,
+    tools: HashMap<String, PendingTool>,
+    /// Last roll-up reported to the session.
+    rollup: Vec<SessionInputRequest>,
+    /// Last status reported to the session's chat catalog.
+    reported_status: u32,
+}
+
+impl ChatActor {
+    /// A new, empty chat.
+    pub fn new(
+        uri: Arc<str>,
+        hub: Arc<Hub>,
+        shared: Arc<Shared>,
+        session: Arc<str>,
+        session_addr: Addr<SessionActor>,
+        provider: String,
+        title: String,
+    ) -> Self {
+        let state = new_chat_state(&uri, title);
+        Self {
+            reported_status: state.status,
+            core: ChannelCore::new(uri, hub, shared),
+            session,
+            session_addr,
+            provider,
+            state,
+            used_turn_ids: HashSet::new(),
+            inputs: HashMap::new(),
+            tools: HashMap::new(),
+            rollup: Vec::new(),
+        }
+    }
+
+    fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {
+        match apply_action_to_chat(&mut self.state, action) {
+            ReduceOutcome::Applied => {
+                if let StateAction::ChatTurnStarted(a) = action {
+                    self.used_turn_ids.insert(a.turn_id.clone());
+                }
+                Ok(())
+            }
+            ReduceOutcome::NoOp => Err(Rejection::new(format!(
+                "`{}` has no effect on this chat (unknown turn, part or id)",
+                validate::action_type(action)
+            ))),
+            ReduceOutcome::OutOfScope => Err(Rejection::new(format!(
+                "`{}` is not a chat action",
+                validate::action_type(action)
+            ))),
+            ReduceOutcome::Invalid(e) => Err(Rejection::new(e.to_string())),
+        }
+    }
+
+    /// Reduce host/agent actions in order (skipping any that no longer apply)
+    /// and journal them as one batch.
+    fn host_actions(&mut self, ctx: &mut Context<Self>, actions: Vec<StateAction>) {
+        let mut batch = Vec::with_capacity(actions.len());
+        for action in actions {
+            match self.reduce(&action) {
+                Ok(()) => batch.push(Accepted::new(action, None)),
+                Err(r) => {
+                    tracing::debug!(chat = %self.core.uri, reason = %r, "host action skipped")
+                }
+            }
+        }
+        self.commit(ctx, batch, None);
+    }
+
+    /// Journal a reduced batch; once durable publish it, run its effects, and
+    /// answer `done` (an agent waiting for its action to land).
+    fn commit(
+        &mut self,
+        ctx: &mut Context<Self>,
+        batch: Vec<Accepted>,
+        done: Option<oneshot::Sender<Result<(), Rejection>>>,
+    ) {
+        if batch.is_empty() {
+            if let Some(done) = done {
+                let _ = done.send(Ok(()));
+            }
+            return;
+        }
+        let commit = self.core.append(&batch);
+        ctx.wait(commit.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(()) => {
+                for a in &batch {
+                    act.core.publish(a);
+                }
+                for a in batch {
+                    act.after_publish(ctx, a.action);
+                }
+                act.report_to_session();
+                if let Some(done) = done {
+                    let _ = done.send(Ok(()));
+                }
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                act.core.commit_failed(e, &batch);
+                if let Some(done) = done {
+                    let _ = done.send(Err(Rejection::new(format!("not stored: {reason}"))));
+                }
+            }
+        }));
+    }
+
+    /// Effects of a published action: settlements, agent turns, queued turns.
+    fn after_publish(&mut self, ctx: &mut Context<Self>, action: StateAction) {
+        match action {
+            StateAction::ChatTurnStarted(a) => self.start_agent_turn(ctx, a),
+            StateAction::ChatTurnCancelled(a) => {
+                self.settle_turn(&a.turn_id, Outcome::Interrupted, "the turn was cancelled");
+                if let Some(agent) = self.core.shared.providers.get(&self.provider) {
+                    agent.cancel_turn(&self.core.uri, &a.turn_id);
+                }
+                self.start_queued(ctx);
+            }
+            StateAction::ChatTruncated(_) => {
+                let active = self.state.active_turn.as_ref().map(|t| t.id.clone());
+                let gone: Vec<String> = self
+                    .inputs
+                    .values()
+                    .map(|p| p.turn_id.clone())
+                    .chain(self.tools.values().map(|p| p.turn_id.clone()))
+                    .filter(|t| Some(t) != active.as_ref())
+                    .collect();
+                for turn in gone {
+                    self.settle_turn(&turn, Outcome::Interrupted, "the turn was truncated");
+                }
+            }
+            StateAction::ChatTurnComplete(a) => {
+                self.settle_turn(&a.turn_id, Outcome::Aborted, "the turn ended");
+                self.start_queued(ctx);
+            }
+            StateAction::ChatError(a) => {
+                self.settle_turn(&a.turn_id, Outcome::Aborted, "the turn ended with an error");
+                self.start_queued(ctx);
+            }
+            StateAction::ChatInputAnswerChanged(a) => {
+                if let Some(p) = self.inputs.get_mut(&a.request_id) {
+                    p.engaged = true;
+                }
+            }
+            StateAction::ChatInputCompleted(a) => self.settle_input_completed(&a),
+            StateAction::ChatToolCallConfirmed(a) => {
+                if let Some(p) = self.tools.remove(&a.tool_call_id) {
+                    let s = if a.approved {
+                        Settlement {
+                            approved: Some(true),
+                            edited_tool_input: a.edited_tool_input.clone(),
+                            selected_option_id: a.selected_option_id.clone(),
+                            ..Settlement::bare(Outcome::Approved)
+                        }
+                    } else {
+                        Settlement {
+                            approved: Some(false),
+                            reason: a.reason_message.as_ref().map(|m| m.as_text().to_owned()),
+                            selected_option_id: a.selected_option_id.clone(),
+                            ..Settlement::bare(Outcome::Denied)
+                        }
+                    };
+                    let _ = p.reply.send(s);
+                }
+            }
+            StateAction::ChatPendingMessageSet(a) if a.kind == PendingMessageKind::Steering => {
+                self.clarify(ctx, a.id.clone(), a.message.text.clone());
+            }
+            _ => {}
+        }
+    }
+
+    fn start_agent_turn(&mut self, ctx: &mut Context<Self>, a: ChatTurnStartedAction) {
+        let Some(agent) = self.core.shared.providers.get(&self.provider) else {
+            let err = chat_error(
+                &a.turn_id,
+                &a.started_at,
+                "ProviderUnavailable",
+                &format!("provider `{}` is not available", self.provider),
+            );
+            self.host_actions(ctx, vec![err]);
+            return;
+        };
+        let handle = ChatHandle::new(
+            ctx.address(),
+            self.core.uri.clone(),
+            a.turn_id.clone(),
+            a.started_at.clone(),
+        );
+        agent.start_turn(AgentTurn {
+            session: self.session.clone(),
+            handle,
+            message: a.message,
+        });
+    }
+
+    /// After a turn ends, the next queued message starts the next turn.
+    fn start_queued(&mut self, ctx: &mut Context<Self>) {
+        if self.state.active_turn.is_some() {
+            return;
+        }
+        let Some(next) = self
+            .state
+            .queued_messages
+            .as_ref()
+            .and_then(|q| q.first())
+            .cloned()
+        else {
+            return;
+        };
+        let started = StateAction::ChatTurnStarted(ChatTurnStartedAction {
+            turn_id: uuid::Uuid::new_v4().to_string(),
+            started_at: now_rfc3339(),
+            message: next.message,
+            queued_message_id: Some(next.id),
+            meta: None,
+        });
+        self.host_actions(ctx, vec![started]);
+    }
+
+    fn settle_input_completed(&mut self, a: &ChatInputCompletedAction) {
+        let Some(p) = self.inputs.remove(&a.request_id) else {
+            return;
+        };
+        let answers = find_input(&self.state, &a.request_id)
+            .and_then(|r| r.answers.clone())
+            .map(|m| m.into_iter().collect());
+        let settlement = match p.forced {
+            Some(forced) => Settlement {
+                response: Some(a.response),
+                ..forced
+            },
+            None => Settlement {
+                response: Some(a.response),
+                answers,
+                ..Settlement::bare(match a.response {
+                    ChatInputResponseKind::Accept => Outcome::Answered,
+                    ChatInputResponseKind::Decline => Outcome::Declined,
+                    ChatInputResponseKind::Cancel => Outcome::Cancelled,
+                })
+            },
+        };
+        let _ = p.reply.send(settlement);
+    }
+
+    /// A steering message while an input request is open settles it
+    /// `clarified` with the text; the message is consumed.
+    fn clarify(&mut self, ctx: &mut Context<Self>, message_id: String, text: String) {
+        let open: Vec<String> = self.inputs.keys().cloned().collect();
+        if open.is_empty() {
+            return;
+        }
+        let mut actions = Vec::new();
+        for id in open {
+            if let Some(p) = self.inputs.get_mut(&id) {
+                p.forced = Some(Settlement {
+                    clarification: Some(text.clone()),
+                    ..Settlement::bare(Outcome::Clarified)
+                });
+            }
+            actions.push(StateAction::ChatInputCompleted(ChatInputCompletedAction {
+                request_id: id,
+                response: ChatInputResponseKind::Decline,
+                answers: None,
+            }));
+        }
+        actions.push(StateAction::ChatPendingMessageRemoved(
+            ChatPendingMessageRemovedAction {
+                kind: PendingMessageKind::Steering,
+                id: message_id,
+            },
+        ));
+        self.host_actions(ctx, actions);
+    }
+
+    /// Settle every interaction of `turn_id` (the turn is gone or going).
+    fn settle_turn(&mut self, turn_id: &str, outcome: Outcome, reason: &str) {
+        let inputs: Vec<String> = self
+            .inputs
+            .iter()
+            .filter(|(_, p)| p.turn_id == turn_id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for id in inputs {
+            if let Some(p) = self.inputs.remove(&id) {
+                let _ = p.reply.send(Settlement::with_reason(outcome, reason));
+            }
+        }
+        let tools: Vec<String> = self
+            .tools
+            .iter()
+            .filter(|(_, p)| p.turn_id == turn_id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for id in tools {
+            if let Some(p) = self.tools.remove(&id) {
+                let _ = p.reply.send(Settlement::with_reason(outcome, reason));
+            }
+        }
+    }
+
+    /// Tell the session what changed in the roll-up and the catalog entry.
+    fn report_to_session(&mut self) {
+        let items = rollup::open_items(&self.core.uri, &self.state);
+        let (set, removed) = rollup::diff(&self.rollup, &items);
+        if !set.is_empty() || !removed.is_empty() {
+            self.session_addr.do_send(RollupChanged { set, removed });
+        }
+        self.rollup = items;
+        if self.state.status != self.reported_status {
+            self.reported_status = self.state.status;
+            self.session_addr.do_send(ChatSummaryChanged {
+                chat: self.core.uri.clone(),
+                status: self.state.status,
+                modified_at: self.state.modified_at.clone(),
+            });
+        }
+    }
+
+    fn open_interaction(&mut self, ctx: &mut Context<Self>, msg: Interact) {
+        let Interact {
+            turn_id,
+            interaction,
+            reply,
+        } = msg;
+        if self.state.active_turn.as_ref().map(|t| t.id.as_str()) != Some(turn_id.as_str()) {
+            let _ = reply.send(Settlement::with_reason(
+                Outcome::Aborted,
+                format!("turn `{turn_id}` is not active"),
+            ));
+            return;
+        }
+        match interaction {
+            Interaction::Input {
+                request,
+                auto_resolution_ms,
+            } => self.open_input(ctx, turn_id, request, auto_resolution_ms, reply),
+            Interaction::Url { message, url } => {
+                let request = ChatInputRequest {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    message: Some(message),
+                    url: Some(url),
+                    questions: None,
+                    answers: None,
+                };
+                self.open_input(ctx, turn_id, request, None, reply)
+            }
+            Interaction::ToolApproval {
+                tool_call_id,
+                tool_name,
+                input,
+                read_only,
+                editable,
+            } => {
+                let mut actions = Vec::new();
+                if find_tool(&self.state, &tool_call_id).is_none() {
+                    actions.push(StateAction::ChatToolCallStart(ChatToolCallStartAction {
+                        turn_id: turn_id.clone(),
+                        tool_call_id: tool_call_id.clone(),
+                        meta: None,
+                        tool_name: tool_name.clone(),
+                        display_name: tool_name.clone(),
+                        intention: None,
+                        contributor: None,
+                    }));
+                }
+                let auto = read_only.then_some(ToolCallConfirmationReason::NotNeeded);
+                actions.push(StateAction::ChatToolCallReady(ChatToolCallReadyAction {
+                    turn_id: turn_id.clone(),
+                    tool_call_id: tool_call_id.clone(),
+                    meta: None,
+                    contributor: None,
+                    intention: None,
+                    invocation_message: format!("Run `{tool_name}`").into(),
+                    tool_input: Some(ToolInput::Inline(input)),
+                    confirmation_title: Some(format!("Allow `{tool_name}`?").into()),
+                    risk_assessment: None,
+                    edits: None,
+                    editable: Some(editable),
+                    confirmed: auto.clone(),
+                    options: auto.is_none().then(tool_options),
+                }));
+                if auto.is_some() {
+                    let _ = reply.send(Settlement {
+                        approved: Some(true),
+                        reason: Some("read-only tool".into()),
+                        ..Settlement::bare(Outcome::Approved)
+                    });
+                } else {
+                    self.tools
+                        .insert(tool_call_id, PendingTool { turn_id, reply });
+                }
+                self.host_actions(ctx, actions);
+            }
+        }
+    }
+
+    fn open_input(
+        &mut self,
+        ctx: &mut Context<Self>,
+        turn_id: String,
+        request: ChatInputRequest,
+        auto_resolution_ms: Option<u64>,
+        reply: oneshot::Sender<Settlement>,
+    ) {
+        if self.inputs.contains_key(&request.id) || find_input(&self.state, &request.id).is_some() {
+            let _ = reply.send(Settlement::with_reason(
+                Outcome::Aborted,
+                format!(
+                    "input request id `{}` is already used in this chat",
+                    request.id
+                ),
+            ));
+            return;
+        }
+        let questions = request.questions.as_ref().map_or(0, Vec::len).max(1) as u64;
+        let id = request.id.clone();
+        self.inputs.insert(
+            id.clone(),
+            PendingInput {
+                turn_id,
+                reply,
+                engaged: false,
+                forced: None,
+            },
+        );
+        self.host_actions(
+            ctx,
+            vec![StateAction::ChatInputRequested(ChatInputRequestedAction {
+                request,
+            })],
+        );
+        if let Some(ms) = auto_resolution_ms {
+            let after = std::time::Duration::from_millis(ms.saturating_mul(questions));
+            ctx.run_later(after, move |act, ctx| act.auto_resolve(ctx, id));
+        }
+    }
+
+    /// A prompt nobody engaged with settles `timedOut`; on the wire the host
+    /// completes it with `cancel`.
+    fn auto_resolve(&mut self, ctx: &mut Context<Self>, request_id: String) {
+        let Some(p) = self.inputs.get_mut(&request_id) else {
+            return;
+        };
+        if p.engaged {
+            return;
+        }
+        p.forced = Some(Settlement::with_reason(
+            Outcome::TimedOut,
+            "no answer activity before the auto-resolution time",
+        ));
+        self.host_actions(
+            ctx,
+            vec![StateAction::ChatInputCompleted(ChatInputCompletedAction {
+                request_id,
+                response: ChatInputResponseKind::Cancel,
+                answers: None,
+            })],
+        );
+    }
+}
+
+impl Actor for ChatActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // A flood of dispatches must queue, not fail.
+        ctx.set_mailbox_capacity(usize::MAX);
+    }
+}
+
+impl Handler<ClientDispatch> for ChatActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClientDispatch, ctx: &mut Self::Context) {
+        let ClientDispatch {
+            conn,
+            origin,
+            action,
+        } = msg;
+        if let Some(e) = &self.core.store_failed {
+            let reason = format!("the store is unavailable ({e}); the chat is read-only");
+            self.core.reject(&conn, &origin, &action, &reason);
+            return;
+        }
+        let checked = validate::client_chat_action(
+            &self.state,
+            &action,
+            &origin.client_id,
+            &self.used_turn_ids,
+        )
+        .and_then(|()| self.reduce(&action));
+        if let Err(r) = checked {
+            self.core.reject(&conn, &origin, &action, &r.0);
+            return;
+        }
+        self.commit(ctx, vec![Accepted::new(action, Some((origin, conn)))], None);
+    }
+}
+
+impl Handler<Subscribe> for ChatActor {
+    type Result = Result<SnapshotJson, RpcError>;
+
+    fn handle(&mut self, msg: Subscribe, _: &mut Self::Context) -> Self::Result {
+        let state =
+            serde_json::to_string(&self.state).map_err(|e| RpcError::internal(e.to_string()))?;
+        let core = &self.core;
+        Ok(core
+            .shared
+            .publisher
+            .subscribe_at(&core.hub, &msg.conn, |from| {
+                SnapshotJson::new(&core.uri, &state, from)
+            }))
+    }
+}
+
+/// An action from the chat's agent (`chat/delta`, `chat/turnComplete`, …).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AgentAction {
+    /// The action.
+    pub action: StateAction,
+    /// Answered once the action is published (or refused).
+    pub reply: oneshot::Sender<Result<(), Rejection>>,
+}
+
+impl Handler<AgentAction> for ChatActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AgentAction, ctx: &mut Self::Context) {
+        if let Some(e) = &self.core.store_failed {
+            let _ = msg.reply.send(Err(Rejection::new(format!(
+                "the store is unavailable ({e})"
+            ))));
+            return;
+        }
+        if let StateAction::ChatTurnStarted(_) | StateAction::Unknown(_) = msg.action {
+            let _ = msg.reply.send(Err(Rejection::new(format!(
+                "`{}` cannot be sent by an agent",
+                validate::action_type(&msg.action)
+            ))));
+            return;
+        }
+        match self.reduce(&msg.action) {
+            Ok(()) => self.commit(ctx, vec![Accepted::new(msg.action, None)], Some(msg.reply)),
+            Err(r) => {
+                let _ = msg.reply.send(Err(r));
+            }
+        }
+    }
+}
+
+/// An agent waits for a person.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Interact {
+    /// The turn the interaction belongs to (must be active).
+    pub turn_id: String,
+    /// What is asked.
+    pub interaction: Interaction,
+    /// Receives the settlement, exactly once.
+    pub reply: oneshot::Sender<Settlement>,
+}
+
+impl Handler<Interact> for ChatActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Interact, ctx: &mut Self::Context) {
+        if let Some(e) = &self.core.store_failed {
+            let _ = msg.reply.send(Settlement::with_reason(
+                Outcome::Aborted,
+                format!("the store is unavailable ({e})"),
+            ));
+            return;
+        }
+        self.open_interaction(ctx, msg);
+    }
+}
+
+/// A copy of the chat state (for tests and server-side reads).
+#[derive(Message)]
+#[rtype(result = "ChatState")]
+pub struct GetChatState;
+
+impl Handler<GetChatState> for ChatActor {
+    type Result = MessageResult<GetChatState>;
+
+    fn handle(&mut self, _: GetChatState, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.state.clone())
+    }
+}
+
+/// `fetchTurns`: every retained turn is already in the state, so there is
+/// never an older page; any cursor is one this host did not issue.
+#[derive(Message)]
+#[rtype(result = "Result<(), RpcError>")]
+pub struct FetchTurns {
+    /// The cursor from `turnsNextCursor`.
+    pub cursor: Option<String>,
+}
+
+impl Handler<FetchTurns> for ChatActor {
+    type Result = Result<(), RpcError>;
+
+    fn handle(&mut self, msg: FetchTurns, _: &mut Self::Context) -> Self::Result {
+        match msg.cursor {
+            None => Ok(()),
+            Some(c) => Err(RpcError::invalid_params(format!(
+                "unrecognised turns cursor `{c}`"
+            ))),
+        }
+    }
+}
+
+/// The chat is being disposed (by `disposeChat` or its session's disposal).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct DisposeChat;
+
+impl Handler<DisposeChat> for ChatActor {
+    type Result = ();
+
+    fn handle(&mut self, _: DisposeChat, ctx: &mut Self::Context) {
+        for p in std::mem::take(&mut self.inputs).into_values() {
+            let _ = p.reply.send(Settlement::with_reason(
+                Outcome::Aborted,
+                "the chat was disposed",
+            ));
+        }
+        for p in std::mem::take(&mut self.tools).into_values() {
+            let _ = p.reply.send(Settlement::with_reason(
+                Outcome::Aborted,
+                "the chat was disposed",
+            ));
+        }
+        if let (Some(t), Some(agent)) = (
+            &self.state.active_turn,
+            self.core.shared.providers.get(&self.provider),
+        ) {
+            agent.cancel_turn(&self.core.uri, &t.id);
+        }
+        self.core.shared.registry.remove(&self.core.uri);
+        self.core.shared.journal.remove(&self.core.uri);
+        ctx.stop();
+    }
+}
+
+/// The request of an input part in the active or a finished turn.
+fn find_input<'a>(state: &'a ChatState, request_id: &str) -> Option<&'a ChatInputRequest> {
+    state
+        .active_turn
+        .iter()
+        .flat_map(|t| &t.response_parts)
+        .chain(state.turns.iter().flat_map(|t| &t.response_parts))
+        .find_map(|p| match p {
+            ResponsePart::InputRequest(i) if i.request.id == request_id => Some(&i.request),
+            _ => None,
+        })
+}
+
+fn find_tool<'a>(state: &'a ChatState, tool_call_id: &str) -> Option<&'a ResponsePart> {
+    state.active_turn.iter().flat_map(|t| &t.response_parts).find(|p| {
+        matches!(p, ResponsePart::ToolCall(tc) if validate::tool_call_id_of(&tc.tool_call) == tool_call_id)
+    })
+}
+
+/// A `chat/error` ending `turn_id` now.
+pub fn chat_error(turn_id: &str, started_at: &str, error_type: &str, message: &str) -> StateAction {
+    StateAction::ChatError(ChatErrorAction {
+        turn_id: turn_id.to_owned(),
+        duration: millis_since(started_at),
+        part: ErrorResponsePart {
+            error: ErrorInfo {
+                error_type: error_type.to_owned(),
+                message: message.to_owned(),
+                stack: None,
+                meta: None,
+            },
+            resumable: None,
+        },
+        meta: None,
+    })
+}
+
+/// The state of a chat nobody has written to yet.
+pub fn new_chat_state(uri: &str, title: String) -> ChatState {
+    ChatState {
+        resource: uri.to_owned(),
+        title,
+        status: SessionStatus::Idle.bits(),
+        activity: None,
+        modified_at: now_rfc3339(),
+        changes: None,
+        origin: None,
+        movable: None,
+        interactivity: None,
+        working_directories: None,
+        changesets: None,
+        background_work: None,
+        canvases: None,
+        turns: Vec::new(),
+        turns_next_cursor: None,
+        active_turn: None,
+        steering_message: None,
+        queued_messages: None,
+        draft: None,
+        meta: None,
+    }
+}

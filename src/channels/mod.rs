@@ -1,0 +1,64 @@
+//! Channel actors — root, one per session, one per chat — and the registry
+//! that finds them by URI.
+//!
+//! Each actor owns its channel's state and is the only writer of it: it
+//! validates an action, reduces it with the official `ahp::reducers`, hands it
+//! to the journal, and only once the journal has it publishes it (through
+//! [`crate::publish::Publisher`]) to every subscriber.
+
+pub mod chat;
+pub mod core;
+pub mod registry;
+pub mod rollup;
+pub mod root;
+pub mod session;
+pub mod validate;
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use ahp_types::actions::{ActionOrigin, StateAction};
+
+use crate::protocol::RpcError;
+use crate::publish::Outbound;
+
+pub use registry::{Channel, ChannelAddr, Registry};
+pub use validate::Rejection;
+
+/// A client's `dispatchAction` routed to the channel's actor.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ClientDispatch {
+    /// The dispatching connection: gets its echo, or the rejection.
+    pub conn: Arc<Outbound>,
+    /// `clientId` + `clientSeq` of the dispatch.
+    pub origin: ActionOrigin,
+    /// The action as decoded.
+    pub action: StateAction,
+}
+
+/// Subscribe a connection. The actor registers it under the publisher lock and
+/// returns its snapshot; the connection holds later frames until the reply
+/// with the snapshot is queued.
+#[derive(Message)]
+#[rtype(result = "Result<SnapshotJson, RpcError>")]
+pub struct Subscribe {
+    /// The subscribing connection.
+    pub conn: Arc<Outbound>,
+    /// `view.turns` from the request, if any.
+    pub view_turns: Option<i64>,
+}
+
+/// A serialized `Snapshot`.
+#[derive(Debug, Clone)]
+pub struct SnapshotJson(pub String);
+
+impl SnapshotJson {
+    /// Build the `Snapshot` object from its parts.
+    pub fn new(resource: &str, state_json: &str, from_seq: u64) -> Self {
+        let resource = serde_json::to_string(resource).unwrap_or_else(|_| "\"\"".into());
+        SnapshotJson(format!(
+            "{{\"resource\":{resource},\"state\":{state_json},\"fromSeq\":{from_seq}}}"
+        ))
+    }
+}

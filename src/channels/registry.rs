@@ -1,0 +1,73 @@
+//! Channel URI → actor address, plus the channel's subscriber hub.
+
+use std::sync::Arc;
+
+use actix::Addr;
+use dashmap::DashMap;
+
+use super::chat::ChatActor;
+use super::root::RootActor;
+use super::session::SessionActor;
+use crate::publish::Hub;
+
+/// The actor behind a channel.
+#[derive(Clone)]
+pub enum ChannelAddr {
+    /// `ahp-root://`.
+    Root(Addr<RootActor>),
+    /// `ahp-session:/…`.
+    Session(Addr<SessionActor>),
+    /// `ahp-chat:/…`.
+    Chat(Addr<ChatActor>),
+}
+
+/// One registered channel.
+#[derive(Clone)]
+pub struct Channel {
+    /// The channel URI, shared with ring entries.
+    pub uri: Arc<str>,
+    /// Its subscribers.
+    pub hub: Arc<Hub>,
+    /// Its actor.
+    pub addr: ChannelAddr,
+    /// For chats and sessions: the owning session URI.
+    pub session: Option<Arc<str>>,
+}
+
+/// Every live channel by URI.
+#[derive(Default)]
+pub struct Registry {
+    channels: DashMap<String, Channel>,
+}
+
+impl Registry {
+    /// Register a channel (replacing nothing: URIs are unique).
+    pub fn insert(&self, channel: Channel) {
+        self.channels.insert(channel.uri.to_string(), channel);
+    }
+
+    /// Look a channel up.
+    pub fn get(&self, uri: &str) -> Option<Channel> {
+        self.channels.get(uri).map(|c| c.clone())
+    }
+
+    /// Remove a channel.
+    pub fn remove(&self, uri: &str) -> Option<Channel> {
+        self.channels.remove(uri).map(|(_, c)| c)
+    }
+
+    /// Whether a channel exists.
+    pub fn contains(&self, uri: &str) -> bool {
+        self.channels.contains_key(uri)
+    }
+
+    /// Number of channels.
+    pub fn len(&self) -> usize {
+        self.channels.len()
+    }
+
+    /// Whether no channel is registered.
+    pub fn is_empty(&self) -> bool {
+        self.channels.is_empty()
+    }
+}

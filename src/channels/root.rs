@@ -1,0 +1,320 @@
+//! The root actor: `ahp-root://` state (agents, session count), session
+//! creation and disposal, and the session catalog behind `listSessions`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use ahp_types::actions::{RootActiveSessionsChangedAction, RootAgentsChangedAction, StateAction};
+use ahp_types::notifications::{
+    PartialSessionSummary, SessionAddedParams, SessionRemovedParams, SessionSummaryChangedParams,
+};
+use ahp_types::state::{RootState, SessionSummary};
+use ahp_types::ROOT_RESOURCE_URI;
+use bytestring::ByteString;
+
+use super::core::{Accepted, ChannelCore, Shared};
+use super::registry::{Channel, ChannelAddr};
+use super::session::{DisposeSession, InitSession, SessionActor};
+use super::validate;
+use super::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::protocol::{encode_notification, errors, RpcError};
+use crate::publish::Hub;
+
+/// The root channel.
+pub struct RootActor {
+    core: ChannelCore,
+    state: RootState,
+    sessions: HashMap<Arc<str>, (Addr<SessionActor>, SessionSummary)>,
+}
+
+impl RootActor {
+    /// The root channel with the given agents registered.
+    pub fn new(hub: Arc<Hub>, shared: Arc<Shared>) -> Self {
+        let agents = shared.providers.infos();
+        Self {
+            core: ChannelCore::new(ROOT_RESOURCE_URI.into(), hub, shared),
+            state: RootState {
+                agents,
+                active_sessions: Some(0),
+                terminals: None,
+                config: None,
+                meta: None,
+            },
+            sessions: HashMap::new(),
+        }
+    }
+
+    fn host_action(&mut self, ctx: &mut Context<Self>, action: StateAction) {
+        if ahp::reducers::apply_action_to_root(&mut self.state, &action)
+            != ahp::ReduceOutcome::Applied
+        {
+            return;
+        }
+        let batch = vec![Accepted::new(action, None)];
+        let commit = self.core.append(&batch);
+        ctx.wait(commit.into_actor(self).map(move |res, act, _| match res {
+            Ok(()) => {
+                for a in &batch {
+                    act.core.publish(a);
+                }
+            }
+            Err(e) => act.core.commit_failed(e, &batch),
+        }));
+    }
+
+    fn notify(&self, method: &str, params: &impl serde::Serialize) {
+        let params = serde_json::to_value(params).unwrap_or_default();
+        self.core
+            .hub
+            .notify_all(&ByteString::from(encode_notification(method, &params)));
+    }
+
+    fn session_count_changed(&mut self, ctx: &mut Context<Self>) {
+        let n = self.sessions.len() as i64;
+        self.host_action(
+            ctx,
+            StateAction::RootActiveSessionsChanged(RootActiveSessionsChangedAction {
+                active_sessions: n,
+            }),
+        );
+    }
+}
+
+impl Actor for RootActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(usize::MAX);
+    }
+}
+
+impl Handler<ClientDispatch> for RootActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClientDispatch, _: &mut Self::Context) {
+        let reason = match &msg.action {
+            StateAction::Unknown(raw) => validate::malformed_reason(raw),
+            StateAction::RootConfigChanged(_) => {
+                "this host has no root configuration to change".to_owned()
+            }
+            other => format!(
+                "`{}` is not a client-dispatchable action",
+                validate::action_type(other)
+            ),
+        };
+        self.core
+            .reject(&msg.conn, &msg.origin, &msg.action, &reason);
+    }
+}
+
+impl Handler<Subscribe> for RootActor {
+    type Result = Result<SnapshotJson, RpcError>;
+
+    fn handle(&mut self, msg: Subscribe, _: &mut Self::Context) -> Self::Result {
+        let state =
+            serde_json::to_string(&self.state).map_err(|e| RpcError::internal(e.to_string()))?;
+        let core = &self.core;
+        Ok(core
+            .shared
+            .publisher
+            .subscribe_at(&core.hub, &msg.conn, |from| {
+                SnapshotJson::new(&core.uri, &state, from)
+            }))
+    }
+}
+
+/// `createSession`.
+#[derive(Message)]
+#[rtype(result = "Result<(), RpcError>")]
+pub struct CreateSession {
+    /// The client-chosen `ahp-session:/<id>` URI.
+    pub uri: String,
+    /// Provider id (default: the built-in `scripted`).
+    pub provider: Option<String>,
+}
+
+impl Handler<CreateSession> for RootActor {
+    type Result = Result<(), RpcError>;
+
+    fn handle(&mut self, msg: CreateSession, ctx: &mut Self::Context) -> Self::Result {
+        let prefix = "ahp-session:/";
+        if !msg.uri.starts_with(prefix)
+            || msg.uri.len() <= prefix.len()
+            || msg.uri[prefix.len()..].contains('/')
+        {
+            return Err(RpcError::invalid_params(format!(
+                "session URI `{}` must look like `ahp-session:/<id>`",
+                msg.uri
+            )));
+        }
+        let provider = msg
+            .provider
+            .unwrap_or_else(|| crate::providers::scripted::PROVIDER_ID.to_owned());
+        if self.core.shared.providers.get(&provider).is_none() {
+            return Err(RpcError::new(
+                errors::PROVIDER_NOT_FOUND,
+                format!("no provider `{provider}` is registered"),
+            ));
+        }
+        if self.core.shared.registry.contains(&msg.uri) {
+            return Err(RpcError::new(
+                errors::SESSION_ALREADY_EXISTS,
+                format!("session `{}` already exists", msg.uri),
+            ));
+        }
+        let shared = self.core.shared.clone();
+        let uri: Arc<str> = msg.uri.into();
+        let hub = Arc::new(Hub::default());
+        let root = ctx.address();
+        let (u, h, s, p) = (uri.clone(), hub.clone(), shared.clone(), provider);
+        let session_actor = SessionActor::new(u, h, s, p, root);
+        let summary = session_actor.summary();
+        let addr = SessionActor::start_in_arbiter(&shared.next_arbiter(), move |_| session_actor);
+        shared.registry.insert(Channel {
+            uri: uri.clone(),
+            hub,
+            addr: ChannelAddr::Session(addr.clone()),
+            session: Some(uri.clone()),
+        });
+        addr.do_send(InitSession {
+            default_chat: format!("ahp-chat:/{}", uuid::Uuid::new_v4()).into(),
+        });
+        self.sessions.insert(uri.clone(), (addr, summary.clone()));
+        self.notify(
+            "root/sessionAdded",
+            &SessionAddedParams {
+                channel: ROOT_RESOURCE_URI.into(),
+                summary,
+            },
+        );
+        self.session_count_changed(ctx);
+        Ok(())
+    }
+}
+
+/// `disposeSession`.
+#[derive(Message)]
+#[rtype(result = "Result<(), RpcError>")]
+pub struct RemoveSession {
+    /// The session URI.
+    pub uri: String,
+}
+
+impl Handler<RemoveSession> for RootActor {
+    type Result = Result<(), RpcError>;
+
+    fn handle(&mut self, msg: RemoveSession, ctx: &mut Self::Context) -> Self::Result {
+        let Some((addr, _)) = self.sessions.remove(msg.uri.as_str()) else {
+            return Err(RpcError::new(
+                errors::SESSION_NOT_FOUND,
+                format!("no session `{}`", msg.uri),
+            ));
+        };
+        addr.do_send(DisposeSession);
+        self.notify(
+            "root/sessionRemoved",
+            &SessionRemovedParams {
+                channel: ROOT_RESOURCE_URI.into(),
+                session: msg.uri,
+            },
+        );
+        self.session_count_changed(ctx);
+        Ok(())
+    }
+}
+
+/// A session's summary changed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SessionSummaryChanged {
+    /// The session.
+    pub session: Arc<str>,
+    /// The full new summary.
+    pub summary: SessionSummary,
+    /// Only the fields that changed.
+    pub changes: PartialSessionSummary,
+}
+
+impl Handler<SessionSummaryChanged> for RootActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SessionSummaryChanged, _: &mut Self::Context) {
+        let Some(entry) = self.sessions.get_mut(&msg.session) else {
+            return;
+        };
+        entry.1 = msg.summary;
+        self.notify(
+            "root/sessionSummaryChanged",
+            &SessionSummaryChangedParams {
+                channel: ROOT_RESOURCE_URI.into(),
+                session: msg.session.to_string(),
+                changes: msg.changes,
+            },
+        );
+    }
+}
+
+/// `listSessions`: most recently modified first, paged by offset cursors.
+#[derive(Message)]
+#[rtype(result = "Result<ahp_types::commands::ListSessionsResult, RpcError>")]
+pub struct ListSessions {
+    /// Page size.
+    pub limit: Option<i64>,
+    /// Cursor from a previous page.
+    pub cursor: Option<String>,
+}
+
+/// Largest page `listSessions` returns.
+const MAX_PAGE: usize = 500;
+
+impl Handler<ListSessions> for RootActor {
+    type Result = Result<ahp_types::commands::ListSessionsResult, RpcError>;
+
+    fn handle(&mut self, msg: ListSessions, _: &mut Self::Context) -> Self::Result {
+        let offset = match &msg.cursor {
+            None => 0,
+            Some(c) => c
+                .strip_prefix("offset:")
+                .and_then(|n| n.parse::<usize>().ok())
+                .ok_or_else(|| RpcError::invalid_params(format!("unrecognised cursor `{c}`")))?,
+        };
+        let limit = msg
+            .limit
+            .map_or(MAX_PAGE, |l| (l.max(1) as usize).min(MAX_PAGE));
+        let mut all: Vec<&SessionSummary> = self.sessions.values().map(|(_, s)| s).collect();
+        all.sort_by(|a, b| {
+            b.modified_at
+                .cmp(&a.modified_at)
+                .then_with(|| a.resource.cmp(&b.resource))
+        });
+        let items: Vec<SessionSummary> = all
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .map(|s| (*s).clone())
+            .collect();
+        let next = offset + items.len();
+        Ok(ahp_types::commands::ListSessionsResult {
+            next_cursor: (next < all.len()).then(|| format!("offset:{next}")),
+            items,
+        })
+    }
+}
+
+/// Replace the agent list (a provider registered or left).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AgentsChanged;
+
+impl Handler<AgentsChanged> for RootActor {
+    type Result = ();
+
+    fn handle(&mut self, _: AgentsChanged, ctx: &mut Self::Context) {
+        let agents = self.core.shared.providers.infos();
+        self.host_action(
+            ctx,
+            StateAction::RootAgentsChanged(RootAgentsChangedAction { agents }),
+        );
+    }
+}

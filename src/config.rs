@@ -1,0 +1,39 @@
+//! Server configuration: every tunable with its unit in the name.
+
+use std::time::Duration;
+
+/// How the server runs. `Default` is what `tandem serve` uses without flags.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Envelopes kept in memory for `reconnect` replay.
+    pub replay_ring_len: usize,
+    /// Unsent bytes a connection may queue before it is evicted.
+    pub outbound_limit_bytes: usize,
+    /// Largest accepted WebSocket frame.
+    pub max_frame_bytes: usize,
+    /// Actix worker threads for HTTP/WebSocket handling.
+    pub http_workers: usize,
+    /// Arbiter threads the chat and session actors are spread over.
+    pub actor_threads: usize,
+    /// A socket with no traffic (not even pongs) for this long is closed.
+    pub idle_timeout: Duration,
+    /// How often the server pings an idle socket.
+    pub heartbeat_interval: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        Self {
+            replay_ring_len: 100_000,
+            outbound_limit_bytes: 8 * 1024 * 1024,
+            max_frame_bytes: 1024 * 1024,
+            http_workers: cores,
+            actor_threads: cores,
+            idle_timeout: Duration::from_secs(60),
+            heartbeat_interval: Duration::from_secs(20),
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! Tandem — an Agent Host Protocol (AHP) 1.0 server that lets many people and
+//! devices share one agent session.
+//!
+//! # Layout
+//!
+//! | module | job |
+//! |---|---|
+//! | [`protocol`] | JSON-RPC framing, method names, error codes |
+//! | [`channels`] | root, session and chat actors; registry; validation rules; session roll-up |
+//! | [`publish`] | `serverSeq`, ordered fan-out, replay ring, byte-bounded outbound queues |
+//! | [`store`] | the `Journal` trait between actors and storage; in-memory journal |
+//! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements |
+//! | [`providers`] | agents behind the host; the built-in `scripted` agent |
+//! | [`server`] | actix-web app: `/ahp` WebSocket connections, `/healthz` |
+//! | [`config`] | tunables |
+//!
+//! The flow of one client action: a connection decodes `dispatchAction` and
+//! routes it by `params.channel` to the channel's actor; the actor validates
+//! it, reduces it with the official `ahp::reducers`, appends it to the
+//! journal, and once that returns publishes it — assigning the next
+//! `serverSeq` and pushing it to every subscriber's queue under one lock.
+
+pub mod channels;
+pub mod config;
+pub mod interactions;
+pub mod protocol;
+pub mod providers;
+pub mod publish;
+pub mod server;
+pub mod store;
+pub mod time;
+
+pub use config::Config;
+pub use server::run;

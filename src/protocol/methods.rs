@@ -1,0 +1,26 @@
+//! Method names the server answers, and typed decoding of their params.
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::RpcError;
+
+pub const INITIALIZE: &str = "initialize";
+pub const RECONNECT: &str = "reconnect";
+pub const PING: &str = "ping";
+pub const SUBSCRIBE: &str = "subscribe";
+pub const UNSUBSCRIBE: &str = "unsubscribe";
+pub const DISPATCH_ACTION: &str = "dispatchAction";
+pub const CREATE_SESSION: &str = "createSession";
+pub const DISPOSE_SESSION: &str = "disposeSession";
+pub const LIST_SESSIONS: &str = "listSessions";
+pub const CREATE_CHAT: &str = "createChat";
+pub const DISPOSE_CHAT: &str = "disposeChat";
+pub const FETCH_TURNS: &str = "fetchTurns";
+
+/// Decode a method's params into its `ahp-types` struct; a mismatch is
+/// `-32602 Invalid params` naming the method and serde's reason.
+pub fn decode_params<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, RpcError> {
+    serde_json::from_value(params)
+        .map_err(|e| RpcError::invalid_params(format!("invalid params for `{method}`: {e}")))
+}

@@ -1,0 +1,303 @@
+//! Ordered fan-out: the server-wide `serverSeq`, the replay ring, per-channel
+//! subscriber hubs and per-connection outbound queues.
+//!
+//! Invariant 2 (one order per connection) is kept by doing three things under
+//! one short critical section, the [`Publisher`] lock: assign the next
+//! `serverSeq`, append the envelope to the replay ring, and push the frame to
+//! every subscriber's [`Outbound`] queue. Pushing never awaits a socket, so the
+//! section stays short; each connection's writer task drains its queue in the
+//! order the frames were pushed, which is `serverSeq` order.
+
+pub mod outbound;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use ahp_types::actions::ActionOrigin;
+use bytestring::ByteString;
+use parking_lot::Mutex;
+
+pub use outbound::{ConnId, Outbound};
+
+/// A position in the server-wide action order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ServerSeq(pub u64);
+
+/// The subscribers of one channel. Shared between the channel's actor (which
+/// publishes) and reconnect handling (which re-registers under the publisher
+/// lock), so it lives outside the actor.
+#[derive(Default)]
+pub struct Hub {
+    subscribers: Mutex<Vec<Arc<Outbound>>>,
+}
+
+impl Hub {
+    /// Add a connection; adding twice is a no-op.
+    pub fn add(&self, conn: &Arc<Outbound>) {
+        let mut subs = self.subscribers.lock();
+        if !subs.iter().any(|s| s.id() == conn.id()) {
+            subs.push(conn.clone());
+        }
+    }
+
+    /// Remove a connection.
+    pub fn remove(&self, conn: ConnId) {
+        self.subscribers.lock().retain(|s| s.id() != conn);
+    }
+
+    /// Whether a connection is subscribed.
+    pub fn contains(&self, conn: ConnId) -> bool {
+        self.subscribers.lock().iter().any(|s| s.id() == conn)
+    }
+
+    /// Number of subscribers.
+    pub fn len(&self) -> usize {
+        self.subscribers.lock().len()
+    }
+
+    /// Whether nobody is subscribed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Push a non-envelope frame (a protocol notification) to every subscriber.
+    pub fn notify_all(&self, frame: &ByteString) {
+        for s in self.subscribers.lock().iter() {
+            s.push_frame(frame.clone());
+        }
+    }
+}
+
+struct RingEntry {
+    seq: u64,
+    channel: Arc<str>,
+    /// The serialized `ActionEnvelope` (the `params` of an `action` notification).
+    envelope: Arc<str>,
+}
+
+struct SeqState {
+    /// Last assigned `serverSeq`.
+    seq: u64,
+    /// Most recent envelopes, oldest first, for `reconnect` replay.
+    ring: VecDeque<RingEntry>,
+}
+
+/// What `reconnect` can get from the ring.
+pub enum Replay {
+    /// Every envelope after `lastSeenServerSeq` on the requested channels.
+    Envelopes(Vec<Arc<str>>),
+    /// The ring no longer holds the gap (or the client is from another epoch).
+    TooOld,
+}
+
+/// Assigns `serverSeq`, keeps the replay ring, and fans frames out in order.
+pub struct Publisher {
+    state: Mutex<SeqState>,
+    /// Envelopes kept for replay (`--replay-ring-len`).
+    ring_len: usize,
+}
+
+impl Publisher {
+    /// Start counting after `start_seq` (the highest seq ever handed out, so the
+    /// counter never goes backwards across restarts when the store remembers it).
+    pub fn new(start_seq: u64, ring_len: usize) -> Self {
+        Self {
+            state: Mutex::new(SeqState {
+                seq: start_seq,
+                ring: VecDeque::with_capacity(ring_len.min(1 << 16)),
+            }),
+            ring_len,
+        }
+    }
+
+    /// The last assigned `serverSeq`.
+    pub fn current(&self) -> u64 {
+        self.state.lock().seq
+    }
+
+    /// Publish one accepted action: assign its seq, ring it, and push it to
+    /// every subscriber of `hub` and to `origin_conn` (the dispatcher, who gets
+    /// its echo even when not subscribed). `action_json` is the serialized
+    /// `StateAction`. Returns the assigned seq.
+    pub fn publish(
+        &self,
+        channel: &Arc<str>,
+        hub: &Hub,
+        action_json: &str,
+        origin: Option<&ActionOrigin>,
+        origin_conn: Option<&Arc<Outbound>>,
+    ) -> ServerSeq {
+        let channel_json = serde_json::to_string(&**channel).unwrap_or_else(|_| "\"\"".into());
+        let origin_json = origin
+            .map(|o| serde_json::to_string(o).unwrap_or_else(|_| "null".into()))
+            .map(|o| format!(",\"origin\":{o}"))
+            .unwrap_or_default();
+        let mut st = self.state.lock();
+        st.seq += 1;
+        let seq = st.seq;
+        let envelope: Arc<str> = format!(
+            "{{\"channel\":{channel_json},\"action\":{action_json},\"serverSeq\":{seq}{origin_json}}}"
+        )
+        .into();
+        let frame = action_frame(&envelope);
+        let subs = hub.subscribers.lock();
+        let mut origin_delivered = false;
+        for s in subs.iter() {
+            if let Some(o) = origin_conn {
+                origin_delivered |= o.id() == s.id();
+            }
+            s.push_envelope(seq, frame.clone());
+        }
+        drop(subs);
+        if let (Some(o), false) = (origin_conn, origin_delivered) {
+            o.push_envelope(seq, frame);
+        }
+        if self.ring_len > 0 {
+            if st.ring.len() >= self.ring_len {
+                st.ring.pop_front();
+            }
+            st.ring.push_back(RingEntry {
+                seq,
+                channel: channel.clone(),
+                envelope,
+            });
+        }
+        ServerSeq(seq)
+    }
+
+    /// Register `conn` on `hub` at the current seq: every later envelope of the
+    /// channel reaches it, none before. `under_lock` runs inside the critical
+    /// section with the snapshot's `fromSeq` (used to push the reply first).
+    pub fn subscribe_at<R>(
+        &self,
+        hub: &Hub,
+        conn: &Arc<Outbound>,
+        under_lock: impl FnOnce(u64) -> R,
+    ) -> R {
+        let st = self.state.lock();
+        hub.add(conn);
+        under_lock(st.seq)
+    }
+
+    /// Replay for `reconnect`: if the ring covers everything after `last_seen`,
+    /// register `conn` on every hub and return the missed envelopes of those
+    /// channels, all under the lock so nothing falls between replay and live.
+    pub fn replay_and_subscribe(
+        &self,
+        last_seen: u64,
+        channels: &[(Arc<str>, Arc<Hub>)],
+        conn: &Arc<Outbound>,
+        under_lock: impl FnOnce(&[Arc<str>]),
+    ) -> Replay {
+        let st = self.state.lock();
+        let covered = last_seen <= st.seq
+            && match st.ring.front() {
+                Some(first) => first.seq <= last_seen + 1,
+                None => last_seen == st.seq,
+            };
+        if !covered {
+            return Replay::TooOld;
+        }
+        let start = st.ring.partition_point(|e| e.seq <= last_seen);
+        let envelopes: Vec<Arc<str>> = st
+            .ring
+            .range(start..)
+            .filter(|e| channels.iter().any(|(c, _)| **c == *e.channel))
+            .map(|e| e.envelope.clone())
+            .collect();
+        for (_, hub) in channels {
+            hub.add(conn);
+        }
+        under_lock(&envelopes);
+        Replay::Envelopes(envelopes)
+    }
+}
+
+/// The `action` notification frame for a serialized envelope.
+pub fn action_frame(envelope: &str) -> ByteString {
+    ByteString::from(format!(
+        "{{\"jsonrpc\":\"2.0\",\"method\":\"action\",\"params\":{envelope}}}"
+    ))
+}
+
+/// The rejection echo for an action: to the sender only, carrying the last
+/// `serverSeq` already sent to that connection and the reason.
+pub fn rejection_frame(
+    channel: &str,
+    action_json: &str,
+    last_seq: u64,
+    origin: &ActionOrigin,
+    reason: &str,
+) -> ByteString {
+    let channel = serde_json::to_string(channel).unwrap_or_else(|_| "\"\"".into());
+    let origin = serde_json::to_string(origin).unwrap_or_else(|_| "null".into());
+    let reason = serde_json::to_string(reason).unwrap_or_else(|_| "\"\"".into());
+    ByteString::from(format!(
+        "{{\"jsonrpc\":\"2.0\",\"method\":\"action\",\"params\":{{\"channel\":{channel},\"action\":{action_json},\"serverSeq\":{last_seq},\"origin\":{origin},\"rejectionReason\":{reason}}}}}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(limit: usize) -> Arc<Outbound> {
+        Arc::new(Outbound::new(limit))
+    }
+
+    #[test]
+    fn publish_assigns_increasing_seqs_and_echoes_origin_once() {
+        let p = Publisher::new(0, 16);
+        let hub = Hub::default();
+        let a = conn(1 << 20);
+        let b = conn(1 << 20);
+        hub.add(&a);
+        let ch: Arc<str> = "ahp-chat:/x".into();
+        let origin = ActionOrigin {
+            client_id: "c".into(),
+            client_seq: 1,
+        };
+        assert_eq!(p.publish(&ch, &hub, "{}", Some(&origin), Some(&a)).0, 1);
+        assert_eq!(p.publish(&ch, &hub, "{}", Some(&origin), Some(&b)).0, 2);
+        assert_eq!(
+            a.drain_for_test().len(),
+            2,
+            "subscriber gets both, echo not doubled"
+        );
+        assert_eq!(
+            b.drain_for_test().len(),
+            1,
+            "non-subscribed sender gets its echo"
+        );
+        assert_eq!(a.last_seq(), 2);
+    }
+
+    #[test]
+    fn replay_covers_only_what_the_ring_holds() {
+        let p = Publisher::new(0, 3);
+        let hub = Arc::new(Hub::default());
+        let ch: Arc<str> = "ahp-chat:/x".into();
+        for _ in 0..5 {
+            p.publish(&ch, &hub, "{}", None, None);
+        }
+        let c = conn(1 << 20);
+        let chans = vec![(ch.clone(), hub.clone())];
+        assert!(matches!(
+            p.replay_and_subscribe(1, &chans, &c, |_| {}),
+            Replay::TooOld
+        ));
+        match p.replay_and_subscribe(2, &chans, &c, |_| {}) {
+            Replay::Envelopes(e) => assert_eq!(e.len(), 3),
+            Replay::TooOld => panic!("ring holds seqs 3..=5"),
+        }
+        assert!(hub.contains(c.id()));
+        assert!(matches!(
+            p.replay_and_subscribe(9, &chans, &c, |_| {}),
+            Replay::TooOld
+        ));
+        match p.replay_and_subscribe(5, &chans, &c, |_| {}) {
+            Replay::Envelopes(e) => assert!(e.is_empty()),
+            Replay::TooOld => panic!("nothing missed"),
+        }
+    }
+}

@@ -1,0 +1,579 @@
+//! One WebSocket connection: decode each frame, route it by method and
+//! `params.channel`, and queue replies on the connection's [`Outbound`].
+//!
+//! Requests are handled one at a time per connection (`ctx.wait`), so replies
+//! keep request order and a `subscribe` reply always precedes the channel's
+//! envelopes after it (the queue is gated while the snapshot is taken).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use actix_web::{web, HttpRequest, HttpResponse};
+use actix_ws::{AggregatedMessage, ProtocolError, Session};
+use ahp_types::actions::ActionOrigin;
+use ahp_types::commands::{
+    CreateChatParams, CreateSessionParams, DispatchActionParams, DisposeChatParams,
+    DisposeSessionParams, FetchTurnsParams, InitializeParams, ListSessionsParams, ReconnectParams,
+    SubscribeParams, UnsubscribeParams,
+};
+use bytestring::ByteString;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::writer::{self, now_ms};
+use super::AppState;
+use crate::channels::chat::FetchTurns;
+use crate::channels::core::Shared;
+use crate::channels::registry::ChannelAddr;
+use crate::channels::root::{CreateSession, ListSessions, RemoveSession, RootActor};
+use crate::channels::session::{CreateChat, RemoveChat};
+use crate::channels::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::protocol::methods::{self as m, decode_params};
+use crate::protocol::{self, errors, Incoming, RpcError};
+use crate::publish::outbound::CloseCause;
+use crate::publish::{Outbound, Replay};
+
+/// `GET /ahp`: upgrade to a WebSocket and start the connection.
+pub async fn ahp_ws(
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let (res, session, stream) = actix_ws::handle(&req, body)?;
+    let cfg = &state.shared.config;
+    let stream = stream
+        .max_frame_size(cfg.max_frame_bytes)
+        .aggregate_continuations()
+        .max_continuation_size(cfg.max_frame_bytes);
+    let out = Arc::new(Outbound::new(cfg.outbound_limit_bytes));
+    let last_rx_ms = Arc::new(AtomicU64::new(now_ms()));
+    state.shared.connections.insert(out.id(), out.clone());
+    let conn = Connection {
+        shared: state.shared.clone(),
+        root: state.root.clone(),
+        out: out.clone(),
+        session: session.clone(),
+        client_id: None,
+        subs: HashSet::new(),
+        last_rx_ms: last_rx_ms.clone(),
+    };
+    let addr = Connection::create(move |ctx| {
+        ctx.add_stream(stream);
+        conn
+    });
+    actix_web::rt::spawn(writer::run(
+        out,
+        session,
+        addr,
+        last_rx_ms,
+        cfg.heartbeat_interval,
+        cfg.idle_timeout,
+    ));
+    Ok(res)
+}
+
+/// Connection state (lives as long as the socket).
+pub struct Connection {
+    shared: Arc<Shared>,
+    root: Addr<RootActor>,
+    out: Arc<Outbound>,
+    /// For pongs; frames go through `out`.
+    session: Session,
+    /// Set by `initialize` or `reconnect`.
+    client_id: Option<String>,
+    /// Channels this connection is subscribed to.
+    subs: HashSet<Arc<str>>,
+    last_rx_ms: Arc<AtomicU64>,
+}
+
+impl Actor for Connection {
+    type Context = Context<Self>;
+
+    fn stopping(&mut self, _: &mut Self::Context) -> Running {
+        for uri in self.subs.drain() {
+            if let Some(ch) = self.shared.registry.get(&uri) {
+                ch.hub.remove(self.out.id());
+            }
+        }
+        self.shared.connections.remove(&self.out.id());
+        self.out.close(CloseCause::Shutdown);
+        Running::Stop
+    }
+}
+
+/// The writer ended (socket closed or connection evicted).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WriterGone;
+
+impl Handler<WriterGone> for Connection {
+    type Result = ();
+
+    fn handle(&mut self, _: WriterGone, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Connection {
+    fn handle(&mut self, item: Result<AggregatedMessage, ProtocolError>, ctx: &mut Self::Context) {
+        self.last_rx_ms.store(now_ms(), Ordering::Relaxed);
+        match item {
+            Ok(AggregatedMessage::Text(text)) => self.on_text(&text, ctx),
+            Ok(AggregatedMessage::Binary(_)) => self.reply_error(
+                &Value::Null,
+                RpcError::invalid_request(
+                    "binary frames are not supported: send one JSON-RPC message per text frame",
+                ),
+            ),
+            Ok(AggregatedMessage::Ping(bytes)) => {
+                let mut session = self.session.clone();
+                actix::spawn(async move {
+                    let _ = session.pong(&bytes).await;
+                });
+            }
+            Ok(AggregatedMessage::Pong(_)) => {}
+            Ok(AggregatedMessage::Close(reason)) => {
+                tracing::debug!(conn = self.out.id().0, ?reason, "client closed");
+                ctx.stop();
+            }
+            Err(e) => {
+                let limit = self.shared.config.max_frame_bytes;
+                let msg = match e {
+                    ProtocolError::Overflow => {
+                        format!("frame too large: the limit is {limit} bytes")
+                    }
+                    other => format!("WebSocket protocol error: {other}"),
+                };
+                tracing::info!(conn = self.out.id().0, %msg, "closing on bad frame");
+                self.reply_error(&Value::Null, RpcError::invalid_request(msg.clone()));
+                self.out.close(CloseCause::Protocol(msg));
+            }
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
+/// `result` of `initialize`, with snapshots spliced in pre-serialized.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct InitializeOut<'a> {
+    protocol_version: &'a str,
+    server_seq: u64,
+    server_info: ahp_types::commands::Implementation,
+    snapshots: Vec<&'a RawValue>,
+}
+
+impl Connection {
+    fn reply(&self, id: &Option<Value>, result: &Value) {
+        if let Some(id) = id {
+            self.out
+                .push_frame(ByteString::from(protocol::encode_result(id, result)));
+        }
+    }
+
+    fn reply_error(&self, id: &Value, err: RpcError) {
+        tracing::debug!(conn = self.out.id().0, code = err.code, message = %err.message, "error reply");
+        self.out
+            .push_frame(ByteString::from(protocol::encode_error(id, &err)));
+    }
+
+    fn on_text(&mut self, text: &str, ctx: &mut Context<Self>) {
+        let inc = match protocol::decode(text) {
+            Ok(inc) => inc,
+            Err((id, err)) => return self.reply_error(&id, err),
+        };
+        if inc.method.is_empty() {
+            // A response to a server request; nothing is awaited yet.
+            return;
+        }
+        if self.client_id.is_none()
+            && ![m::INITIALIZE, m::RECONNECT, m::PING].contains(&inc.method.as_str())
+        {
+            let id = inc.id.clone().unwrap_or(Value::Null);
+            return self.reply_error(
+                &id,
+                RpcError::invalid_request(format!("`{}` before `initialize`: a connection starts with `initialize` or `reconnect`", inc.method)),
+            );
+        }
+        if let Err(err) = self.route(inc, ctx) {
+            let (id, err) = err;
+            self.reply_error(&id, err);
+        }
+    }
+
+    /// Handle one message; an `Err` is answered with the id it carries.
+    fn route(&mut self, inc: Incoming, ctx: &mut Context<Self>) -> Result<(), (Value, RpcError)> {
+        let Incoming { id, method, params } = inc;
+        let eid = id.clone().unwrap_or(Value::Null);
+        let fail = |e: RpcError| (eid.clone(), e);
+        match method.as_str() {
+            m::PING => self.reply(&id, &Value::Null),
+            m::INITIALIZE => {
+                let p: InitializeParams = decode_params(&method, params).map_err(fail)?;
+                self.initialize(id, p, ctx).map_err(fail)?;
+            }
+            m::RECONNECT => {
+                let p: ReconnectParams = decode_params(&method, params).map_err(fail)?;
+                self.reconnect(id, p, ctx).map_err(fail)?;
+            }
+            m::SUBSCRIBE => {
+                let p: SubscribeParams = decode_params(&method, params).map_err(fail)?;
+                let uri = p.channel.clone();
+                self.subscribe_many(
+                    vec![uri],
+                    p.view.and_then(|v| v.turns),
+                    ctx,
+                    move |act, snaps| {
+                        let snap = snaps
+                            .into_iter()
+                            .next()
+                            .map(|s| s.0)
+                            .unwrap_or_else(|| "null".into());
+                        id.as_ref()
+                            .map(|id| {
+                                protocol::encode_raw_result(id, &format!("{{\"snapshot\":{snap}}}"))
+                            })
+                            .map(ByteString::from)
+                            .or_else(|| {
+                                let _ = act;
+                                None
+                            })
+                    },
+                )
+                .map_err(fail)?;
+            }
+            m::UNSUBSCRIBE => {
+                let p: UnsubscribeParams = decode_params(&method, params).map_err(fail)?;
+                if let Some(uri) = self.subs.take(p.channel.as_str()) {
+                    if let Some(ch) = self.shared.registry.get(&uri) {
+                        ch.hub.remove(self.out.id());
+                    }
+                }
+                self.reply(&id, &Value::Null);
+            }
+            m::DISPATCH_ACTION => {
+                let p: DispatchActionParams = decode_params(&method, params).map_err(fail)?;
+                let Some(ch) = self.shared.registry.get(&p.channel) else {
+                    tracing::debug!(channel = %p.channel, "action for an unknown channel ignored");
+                    return Ok(());
+                };
+                let origin = ActionOrigin {
+                    client_id: self.client_id.clone().unwrap_or_default(),
+                    client_seq: p.client_seq,
+                };
+                let msg = ClientDispatch {
+                    conn: self.out.clone(),
+                    origin,
+                    action: p.action,
+                };
+                match ch.addr {
+                    ChannelAddr::Chat(a) => a.do_send(msg),
+                    ChannelAddr::Session(a) => a.do_send(msg),
+                    ChannelAddr::Root(a) => a.do_send(msg),
+                }
+                self.reply(&id, &Value::Null);
+            }
+            m::CREATE_SESSION => {
+                let p: CreateSessionParams = decode_params(&method, params).map_err(fail)?;
+                let fut = self.root.send(CreateSession {
+                    uri: p.channel,
+                    provider: p.provider,
+                });
+                self.await_unit(id, fut, ctx);
+            }
+            m::DISPOSE_SESSION => {
+                let p: DisposeSessionParams = decode_params(&method, params).map_err(fail)?;
+                let fut = self.root.send(RemoveSession { uri: p.channel });
+                self.await_unit(id, fut, ctx);
+            }
+            m::LIST_SESSIONS => {
+                let p: ListSessionsParams = decode_params(&method, params).map_err(fail)?;
+                let fut = self.root.send(ListSessions {
+                    limit: p.limit,
+                    cursor: p.cursor,
+                });
+                ctx.wait(fut.into_actor(self).map(move |res, act, _| {
+                    match res
+                        .map_err(|e| RpcError::internal(e.to_string()))
+                        .and_then(|r| r)
+                    {
+                        Ok(r) => act.reply(&id, &serde_json::to_value(r).unwrap_or_default()),
+                        Err(e) => act.reply_error(&id.unwrap_or_default(), e),
+                    }
+                }));
+            }
+            m::CREATE_CHAT => {
+                let p: CreateChatParams = decode_params(&method, params).map_err(fail)?;
+                if p.source.is_some() {
+                    return Err(fail(RpcError::invalid_params(
+                        "`source` (fork / side chat) is not supported by this host's agents",
+                    )));
+                }
+                if p.initial_message.is_some() {
+                    return Err(fail(RpcError::invalid_params("`initialMessage` is not supported; dispatch `chat/turnStarted` after creating the chat")));
+                }
+                let Some(ChannelAddr::Session(session)) =
+                    self.shared.registry.get(&p.channel).map(|c| c.addr)
+                else {
+                    return Err(fail(RpcError::new(
+                        errors::SESSION_NOT_FOUND,
+                        format!("no session `{}`", p.channel),
+                    )));
+                };
+                let fut = session.send(CreateChat { chat: p.chat });
+                self.await_unit(id, fut, ctx);
+            }
+            m::DISPOSE_CHAT => {
+                let p: DisposeChatParams = decode_params(&method, params).map_err(fail)?;
+                let ch = self
+                    .shared
+                    .registry
+                    .get(&p.channel)
+                    .filter(|c| matches!(c.addr, ChannelAddr::Chat(_)));
+                let Some(session) = ch
+                    .and_then(|c| c.session)
+                    .and_then(|s| self.shared.registry.get(&s))
+                    .and_then(|s| match s.addr {
+                        ChannelAddr::Session(a) => Some(a),
+                        _ => None,
+                    })
+                else {
+                    return Err(fail(RpcError::new(
+                        errors::NOT_FOUND,
+                        format!("no chat `{}`", p.channel),
+                    )));
+                };
+                let fut = session.send(RemoveChat { chat: p.channel });
+                self.await_unit(id, fut, ctx);
+            }
+            m::FETCH_TURNS => {
+                let p: FetchTurnsParams = decode_params(&method, params).map_err(fail)?;
+                let Some(ChannelAddr::Chat(chat)) =
+                    self.shared.registry.get(&p.channel).map(|c| c.addr)
+                else {
+                    return Err(fail(RpcError::new(
+                        errors::NOT_FOUND,
+                        format!("no chat `{}`", p.channel),
+                    )));
+                };
+                let fut = chat.send(FetchTurns { cursor: p.cursor });
+                ctx.wait(fut.into_actor(self).map(move |res, act, _| {
+                    match res
+                        .map_err(|e| RpcError::internal(e.to_string()))
+                        .and_then(|r| r)
+                    {
+                        Ok(()) => act.reply(&id, &serde_json::json!({})),
+                        Err(e) => act.reply_error(&id.unwrap_or_default(), e),
+                    }
+                }));
+            }
+            other => return Err(fail(RpcError::method_not_found(other))),
+        }
+        Ok(())
+    }
+
+    /// Await an actor request answering `Result<(), RpcError>`; reply `null`.
+    fn await_unit(
+        &mut self,
+        id: Option<Value>,
+        fut: impl std::future::Future<Output = Result<Result<(), RpcError>, MailboxError>> + 'static,
+        ctx: &mut Context<Self>,
+    ) {
+        ctx.wait(fut.into_actor(self).map(move |res, act, _| {
+            match res
+                .map_err(|e| RpcError::internal(e.to_string()))
+                .and_then(|r| r)
+            {
+                Ok(()) => act.reply(&id, &Value::Null),
+                Err(e) => act.reply_error(&id.unwrap_or_default(), e),
+            }
+        }));
+    }
+
+    fn not_found(uri: &str) -> RpcError {
+        if uri.starts_with("ahp-session:") {
+            RpcError::new(errors::SESSION_NOT_FOUND, format!("no session `{uri}`"))
+        } else {
+            RpcError::new(errors::NOT_FOUND, format!("no channel `{uri}`"))
+        }
+    }
+
+    /// Subscribe to `uris` atomically with respect to this connection's queue:
+    /// frames are held until `reply` (built from the snapshots) is queued.
+    fn subscribe_many(
+        &mut self,
+        uris: Vec<String>,
+        view_turns: Option<i64>,
+        ctx: &mut Context<Self>,
+        reply: impl FnOnce(&mut Self, Vec<SnapshotJson>) -> Option<ByteString> + 'static,
+    ) -> Result<(), RpcError> {
+        let mut channels = Vec::with_capacity(uris.len());
+        for uri in &uris {
+            let ch = self
+                .shared
+                .registry
+                .get(uri)
+                .ok_or_else(|| Self::not_found(uri))?;
+            channels.push(ch);
+        }
+        self.out.gate();
+        let conn = self.out.clone();
+        let futs = channels.into_iter().map(move |ch| {
+            let msg = Subscribe {
+                conn: conn.clone(),
+                view_turns,
+            };
+            let uri = ch.uri.clone();
+            async move {
+                let res = match ch.addr {
+                    ChannelAddr::Chat(a) => a.send(msg).await,
+                    ChannelAddr::Session(a) => a.send(msg).await,
+                    ChannelAddr::Root(a) => a.send(msg).await,
+                };
+                (uri, res)
+            }
+        });
+        let all = futures_util::future::join_all(futs);
+        ctx.wait(all.into_actor(self).map(move |results, act, _| {
+            let mut snaps = Vec::new();
+            for (uri, res) in results {
+                match res {
+                    Ok(Ok(s)) => {
+                        act.subs.insert(uri);
+                        snaps.push(s);
+                    }
+                    _ => tracing::debug!(%uri, "channel vanished during subscribe"),
+                }
+            }
+            let frame = reply(act, snaps);
+            act.out.ungate_with(frame);
+        }));
+        Ok(())
+    }
+
+    fn initialize(
+        &mut self,
+        id: Option<Value>,
+        p: InitializeParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
+        if self.client_id.is_some() {
+            return Err(RpcError::invalid_request(
+                "`initialize` was already called on this connection",
+            ));
+        }
+        let version = match ahp_types::negotiate_protocol_version(&p.protocol_versions) {
+            Err(e) => return Err(RpcError::invalid_params(e)),
+            Ok(None) => {
+                return Err(RpcError::new(
+                    errors::UNSUPPORTED_PROTOCOL_VERSION,
+                    format!("none of {:?} is supported", p.protocol_versions),
+                )
+                .with_data(serde_json::json!({"supportedVersions": ahp_types::SUPPORTED_PROTOCOL_VERSIONS})));
+            }
+            Ok(Some(v)) => v.to_owned(),
+        };
+        if p.client_id.is_empty() {
+            return Err(RpcError::invalid_params("`clientId` must not be empty"));
+        }
+        let uris = p.initial_subscriptions.unwrap_or_default();
+        for uri in &uris {
+            if !self.shared.registry.contains(uri) {
+                return Err(Self::not_found(uri));
+            }
+        }
+        self.client_id = Some(p.client_id);
+        self.subscribe_many(uris, None, ctx, move |act, snaps| {
+            let raws: Vec<Box<RawValue>> = snaps
+                .into_iter()
+                .filter_map(|s| RawValue::from_string(s.0).ok())
+                .collect();
+            let out = InitializeOut {
+                protocol_version: &version,
+                server_seq: act.out.last_seq().max(act.shared.publisher.current()),
+                server_info: ahp_types::commands::Implementation {
+                    name: "tandem".into(),
+                    version: Some(env!("CARGO_PKG_VERSION").into()),
+                    title: Some("Tandem".into()),
+                },
+                snapshots: raws.iter().map(|r| r.as_ref()).collect(),
+            };
+            let json = serde_json::to_string(&out).unwrap_or_else(|_| "null".into());
+            id.map(|id| ByteString::from(protocol::encode_raw_result(&id, &json)))
+        })
+    }
+
+    fn reconnect(
+        &mut self,
+        id: Option<Value>,
+        p: ReconnectParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
+        if self.client_id.is_some() {
+            return Err(RpcError::invalid_request(
+                "`reconnect` must be the first call on a new connection",
+            ));
+        }
+        if p.client_id.is_empty() {
+            return Err(RpcError::invalid_params("`clientId` must not be empty"));
+        }
+        self.client_id = Some(p.client_id);
+        let mut present = Vec::new();
+        let mut missing = Vec::new();
+        for uri in p.subscriptions {
+            match self.shared.registry.get(&uri) {
+                Some(ch) => present.push(ch),
+                None => missing.push(uri),
+            }
+        }
+        self.out.gate();
+        if p.last_seen_server_seq >= 0 {
+            let channels: Vec<_> = present
+                .iter()
+                .map(|c| (c.uri.clone(), c.hub.clone()))
+                .collect();
+            let replay = self.shared.publisher.replay_and_subscribe(
+                p.last_seen_server_seq as u64,
+                &channels,
+                &self.out,
+                |_| {},
+            );
+            if let Replay::Envelopes(envs) = replay {
+                for c in &present {
+                    self.subs.insert(c.uri.clone());
+                }
+                let actions = envs.iter().map(|e| &**e).collect::<Vec<&str>>().join(",");
+                let missing = serde_json::to_string(&missing).unwrap_or_else(|_| "[]".into());
+                let frame = id.map(|id| {
+                    ByteString::from(protocol::encode_raw_result(
+                        &id,
+                        &format!(
+                            "{{\"type\":\"replay\",\"actions\":[{actions}],\"missing\":{missing}}}"
+                        ),
+                    ))
+                });
+                self.out.ungate_with(frame);
+                return Ok(());
+            }
+        }
+        // Too old (or from before a restart): fresh snapshots. Channels that
+        // are gone are simply absent.
+        self.out.ungate_with(None);
+        let uris = present.iter().map(|c| c.uri.to_string()).collect();
+        self.subscribe_many(uris, None, ctx, move |_, snaps| {
+            let joined = snaps.into_iter().map(|s| s.0).collect::<Vec<_>>().join(",");
+            id.map(|id| {
+                ByteString::from(protocol::encode_raw_result(
+                    &id,
+                    &format!("{{\"type\":\"snapshot\",\"snapshots\":[{joined}]}}"),
+                ))
+            })
+        })
+    }
+}

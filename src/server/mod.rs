@@ -1,0 +1,137 @@
+//! The actix-web application: `/ahp` (WebSocket), `/healthz`, and `/`.
+
+pub mod connection;
+mod writer;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use anyhow::Context as _;
+
+use crate::channels::core::Shared;
+use crate::channels::registry::{Channel, ChannelAddr};
+use crate::channels::root::RootActor;
+use crate::config::Config;
+use crate::providers::scripted::ScriptedAgent;
+use crate::providers::Providers;
+use crate::publish::outbound::CloseCause;
+use crate::publish::Hub;
+use crate::store::{Journal, MemoryJournal};
+
+/// What the HTTP handlers need.
+#[derive(Clone)]
+pub struct AppState {
+    /// Server context.
+    pub shared: Arc<Shared>,
+    /// The root actor (session lifecycle).
+    pub root: Addr<RootActor>,
+}
+
+async fn healthz(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({
+        "status": "ok",
+        "serverSeq": state.shared.publisher.current(),
+        "channels": state.shared.registry.len(),
+        "connections": state.shared.connections.len(),
+    }))
+}
+
+async fn index(_: HttpRequest) -> HttpResponse {
+    HttpResponse::Ok().content_type("text/html; charset=utf-8").body(
+        "<!doctype html><title>Tandem</title><h1>Tandem</h1>\
+         <p>An Agent Host Protocol 1.0 server. Connect an AHP client to the WebSocket at <code>/ahp</code>.</p>",
+    )
+}
+
+/// Serve AHP on `listener` until `shutdown` resolves, then stop gracefully:
+/// connections are closed with a reason and in-flight work finishes.
+///
+/// The server runs on its own thread with its own actix system, so callers
+/// (tests, `main`) can be on any tokio runtime.
+pub async fn run<F>(
+    listener: std::net::TcpListener,
+    config: Config,
+    shutdown: F,
+) -> anyhow::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name("tandem-server".into())
+        .spawn(move || -> anyhow::Result<()> {
+            let system = actix::System::new();
+            system.block_on(async move {
+                let arbiters: Vec<Arbiter> = (0..config.actor_threads.max(1))
+                    .map(|_| Arbiter::new())
+                    .collect();
+                let providers = Providers::default();
+                providers.register(Arc::new(ScriptedAgent));
+                let shared = Arc::new(Shared::new(
+                    config.clone(),
+                    journal,
+                    providers,
+                    arbiters.iter().map(Arbiter::handle).collect(),
+                    0,
+                ));
+                let hub = Arc::new(Hub::default());
+                let (s, h) = (shared.clone(), hub.clone());
+                let root = RootActor::start_in_arbiter(&shared.next_arbiter(), move |_| {
+                    RootActor::new(h, s)
+                });
+                shared.registry.insert(Channel {
+                    uri: ahp_types::ROOT_RESOURCE_URI.into(),
+                    hub,
+                    addr: ChannelAddr::Root(root.clone()),
+                    session: None,
+                });
+                let state = AppState {
+                    shared: shared.clone(),
+                    root,
+                };
+                let server = HttpServer::new(move || {
+                    App::new()
+                        .app_data(web::Data::new(state.clone()))
+                        .route("/ahp", web::get().to(connection::ahp_ws))
+                        .route("/healthz", web::get().to(healthz))
+                        .route("/", web::get().to(index))
+                })
+                .workers(config.http_workers.max(1))
+                .disable_signals()
+                .shutdown_timeout(5)
+                .listen(listener)
+                .context("listening")?
+                .run();
+                let _ = ready_tx.send((server.handle(), shared.clone()));
+                server.await.context("serving")?;
+                for a in arbiters {
+                    a.stop();
+                }
+                Ok(())
+            })
+        })
+        .context("spawning the server thread")?;
+    let (handle, shared) = match ready_rx.await {
+        Ok(ready) => ready,
+        Err(_) => {
+            return match thread.join() {
+                Ok(Err(e)) => Err(e),
+                _ => Err(anyhow::anyhow!("the server thread stopped during start-up")),
+            };
+        }
+    };
+    tracing::info!("serving AHP");
+    shutdown.await;
+    tracing::info!("shutting down");
+    for conn in shared.connections.iter() {
+        conn.close(CloseCause::Shutdown);
+    }
+    handle.stop(true).await;
+    tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .map_err(|e| anyhow::anyhow!("joining the server thread: {e}"))?
+        .map_err(|_| anyhow::anyhow!("the server thread panicked"))?
+}
