@@ -525,11 +525,6 @@ impl ChatActor {
 
 impl Actor for ChatActor {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        // A flood of dispatches must queue, not fail.
-        ctx.set_mailbox_capacity(usize::MAX);
-    }
 }
 
 impl Handler<ClientDispatch> for ChatActor {

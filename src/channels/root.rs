@@ -83,10 +83,6 @@ impl RootActor {
 
 impl Actor for RootActor {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(usize::MAX);
-    }
 }
 
 impl Handler<ClientDispatch> for RootActor {

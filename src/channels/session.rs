@@ -226,10 +226,6 @@ impl SessionActor {
 
 impl Actor for SessionActor {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(usize::MAX);
-    }
 }
 
 /// Finish creating the session: default chat, then `session/ready`.

@@ -98,17 +98,19 @@ async fn run(h: ChatHandle, text: String) -> Result<(), Rejection> {
 }
 
 async fn ask(h: &ChatHandle, payload: &str) -> Result<(), Rejection> {
-    let spec: AskSpec =
-        match serde_json::from_str(if payload.is_empty() { "{}" } else { payload }) {
-            Ok(s) => s,
-            Err(e) => return finish(
+    let spec: AskSpec = match serde_json::from_str(if payload.is_empty() { "{}" } else { payload })
+    {
+        Ok(s) => s,
+        Err(e) => {
+            return finish(
                 h,
                 &format!(
                     "error: /ask expects {{message?, url?, questions?, autoResolutionMs?}}: {e}"
                 ),
             )
-            .await,
-        };
+            .await
+        }
+    };
     let request = ChatInputRequest {
         id: uuid::Uuid::new_v4().to_string(),
         message: spec.message,

@@ -1,0 +1,340 @@
+//! Shared harness for end-to-end tests: a real Tandem server on 127.0.0.1:0,
+//! official `ahp` clients over `ahp-ws`, and a local mirror of channel state
+//! reduced with the same official reducers the server uses.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ahp::reducers::apply_action_to_chat;
+use ahp::{Client, ClientConfig, ClientEvent, SubscriptionEvent};
+use ahp_types::actions::{ActionEnvelope, ChatTurnStartedAction, StateAction};
+use ahp_types::commands::{InitializeResult, SubscribeResult};
+use ahp_types::state::{
+    ChatState, Message, MessageKind, MessageOrigin, SessionState, SnapshotState,
+};
+use serde_json::{json, Value};
+use tandem::Config;
+use tokio::sync::oneshot;
+
+/// How long any single wait in a test may take before it fails.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A running server.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(Config::default()).await
+    }
+
+    pub async fn start_with(config: Config) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(tandem::run(listener, config, async move {
+            let _ = rx.await;
+        }));
+        // Wait until it answers.
+        let url = format!("http://{addr}/healthz");
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = url;
+        Self {
+            addr,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("ws://{}/ahp", self.addr)
+    }
+
+    /// Connect and initialize an official client.
+    pub async fn client(&self, client_id: &str) -> TestClient {
+        TestClient::connect(&self.url(), client_id).await
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// An official client plus its all-events stream.
+pub struct TestClient {
+    pub client: Client,
+    pub id: String,
+    pub events: ahp::ClientEventStream,
+    pub init: InitializeResult,
+}
+
+pub fn client_config() -> ClientConfig {
+    ClientConfig {
+        default_request_timeout: Some(Duration::from_secs(30)),
+        subscription_buffer: 1 << 17,
+    }
+}
+
+impl TestClient {
+    pub async fn connect(url: &str, client_id: &str) -> Self {
+        let client = Self::raw_connect(url).await;
+        let events = client.events();
+        let init = client
+            .initialize(client_id.into(), vec!["1.0.0".into()], vec![])
+            .await
+            .expect("initialize");
+        Self {
+            client,
+            id: client_id.into(),
+            events,
+            init,
+        }
+    }
+
+    /// A transport-connected client that has not initialized yet.
+    pub async fn raw_connect(url: &str) -> Client {
+        let transport = ahp_ws::WebSocketTransport::connect(url)
+            .await
+            .expect("connect");
+        Client::connect(transport, client_config())
+            .await
+            .expect("client")
+    }
+
+    /// `createSession` with the scripted agent; returns (session, default chat).
+    pub async fn create_session(&self) -> (String, String) {
+        let session = format!("ahp-session:/{}", uuid::Uuid::new_v4());
+        let _: Value = self
+            .client
+            .request(
+                "createSession",
+                json!({"channel": session, "provider": "scripted"}),
+            )
+            .await
+            .expect("createSession");
+        let state = self.subscribe_session(&session).await;
+        let chat = state.default_chat.expect("default chat");
+        (session, chat)
+    }
+
+    pub async fn subscribe_raw(&self, uri: &str) -> SubscribeResult {
+        self.client
+            .request("subscribe", json!({"channel": uri}))
+            .await
+            .expect("subscribe")
+    }
+
+    pub async fn subscribe_session(&self, uri: &str) -> SessionState {
+        match self
+            .subscribe_raw(uri)
+            .await
+            .snapshot
+            .expect("snapshot")
+            .state
+        {
+            SnapshotState::Session(s) => *s,
+            other => panic!("not a session snapshot: {other:?}"),
+        }
+    }
+
+    /// Subscribe to a chat and return a mirror seeded with the snapshot.
+    pub async fn subscribe_chat(&self, uri: &str) -> ChatMirror {
+        let snap = self.subscribe_raw(uri).await.snapshot.expect("snapshot");
+        match snap.state {
+            SnapshotState::Chat(c) => ChatMirror {
+                uri: uri.into(),
+                state: *c,
+                from_seq: snap.from_seq as u64,
+            },
+            other => panic!("not a chat snapshot: {other:?}"),
+        }
+    }
+
+    pub async fn dispatch(&self, channel: &str, action: StateAction) -> i64 {
+        self.client
+            .dispatch(channel.into(), action)
+            .await
+            .expect("dispatch")
+            .client_seq
+    }
+
+    /// Dispatch a raw action JSON (for malformed actions).
+    pub async fn dispatch_json(&self, channel: &str, action: Value) -> i64 {
+        self.dispatch(channel, StateAction::Unknown(action)).await
+    }
+
+    /// Start a turn with `text`; returns the turn id.
+    pub async fn start_turn(&self, chat: &str, text: &str) -> String {
+        let turn_id = uuid::Uuid::new_v4().to_string();
+        self.dispatch(chat, turn_started(&turn_id, text)).await;
+        turn_id
+    }
+
+    /// Next action envelope on any channel.
+    pub async fn next_envelope(&mut self) -> ActionEnvelope {
+        loop {
+            let ev = tokio::time::timeout(WAIT, self.events.recv())
+                .await
+                .expect("timed out waiting for an envelope")
+                .expect("client closed");
+            if let ClientEvent {
+                event: SubscriptionEvent::Action(env),
+                ..
+            } = ev
+            {
+                return env;
+            }
+        }
+    }
+
+    /// Envelopes until one matches `pred` (which is returned); `mirror`, when
+    /// given, has every accepted envelope of its channel applied on the way.
+    pub async fn wait_for(
+        &mut self,
+        mut mirror: Option<&mut ChatMirror>,
+        mut pred: impl FnMut(&ActionEnvelope) -> bool,
+    ) -> ActionEnvelope {
+        loop {
+            let env = self.next_envelope().await;
+            if let Some(m) = mirror.as_deref_mut() {
+                m.apply(&env);
+            }
+            if pred(&env) {
+                return env;
+            }
+        }
+    }
+
+    /// The echo of our own dispatch `client_seq`.
+    pub async fn wait_echo(
+        &mut self,
+        mirror: Option<&mut ChatMirror>,
+        client_seq: i64,
+    ) -> ActionEnvelope {
+        let id = self.id.clone();
+        self.wait_for(mirror, |e| {
+            e.origin
+                .as_ref()
+                .is_some_and(|o| o.client_id == id && o.client_seq == client_seq)
+        })
+        .await
+    }
+}
+
+/// A client-side copy of a chat, kept with the official reducer.
+#[derive(Clone, Debug)]
+pub struct ChatMirror {
+    pub uri: String,
+    pub state: ChatState,
+    pub from_seq: u64,
+}
+
+impl ChatMirror {
+    /// Apply an accepted envelope of this chat newer than the snapshot.
+    pub fn apply(&mut self, env: &ActionEnvelope) {
+        if env.channel == self.uri
+            && env.rejection_reason.is_none()
+            && env.server_seq > self.from_seq
+        {
+            apply_action_to_chat(&mut self.state, &env.action);
+        }
+    }
+}
+
+pub fn user_message(text: &str) -> Message {
+    Message {
+        text: text.into(),
+        origin: MessageOrigin {
+            kind: MessageKind::User,
+        },
+        attachments: None,
+        model: None,
+        agent: None,
+        meta: None,
+    }
+}
+
+pub fn turn_started(turn_id: &str, text: &str) -> StateAction {
+    StateAction::ChatTurnStarted(ChatTurnStartedAction {
+        turn_id: turn_id.into(),
+        started_at: tandem::time::now_rfc3339(),
+        message: user_message(text),
+        queued_message_id: None,
+        meta: None,
+    })
+}
+
+/// Build any action from JSON (panics on a typo in the test).
+pub fn action(v: Value) -> StateAction {
+    let a: StateAction = serde_json::from_value(v.clone()).expect("valid action json");
+    assert!(
+        !matches!(a, StateAction::Unknown(_)),
+        "action did not decode: {v}"
+    );
+    a
+}
+
+/// The request id of the (last) input request part in the active turn.
+pub fn open_request_id(state: &ChatState) -> Option<String> {
+    state
+        .active_turn
+        .as_ref()?
+        .response_parts
+        .iter()
+        .rev()
+        .find_map(|p| match p {
+            ahp_types::state::ResponsePart::InputRequest(i) if i.response.is_none() => {
+                Some(i.request.id.clone())
+            }
+            _ => None,
+        })
+}
+
+/// All markdown text of the last finished turn.
+pub fn last_turn_markdown(state: &ChatState) -> Vec<String> {
+    state
+        .turns
+        .last()
+        .map(|t| {
+            t.response_parts
+                .iter()
+                .filter_map(|p| match p {
+                    ahp_types::state::ResponsePart::Markdown(m) => Some(m.content.clone()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Fetch a fresh snapshot of a chat over a new connection.
+pub async fn fresh_chat(server: &TestServer, chat: &str) -> ChatState {
+    let c = server
+        .client(&format!("fresh-{}", uuid::Uuid::new_v4()))
+        .await;
+    let m = c.subscribe_chat(chat).await;
+    c.client.shutdown().await;
+    m.state
+}
