@@ -97,11 +97,21 @@ pub fn malformed_reason(raw: &Value) -> String {
         "chat/toolCallConfirmed" => err::<a::ChatToolCallConfirmedAction>(raw),
         "chat/turnStarted" => err::<a::ChatTurnStartedAction>(raw),
         "chat/turnCancelled" => err::<a::ChatTurnCancelledAction>(raw),
+        "chat/toolCallComplete" => err::<a::ChatToolCallCompleteAction>(raw),
+        "chat/toolCallResultConfirmed" => err::<a::ChatToolCallResultConfirmedAction>(raw),
+        "chat/toolCallContentChanged" => err::<a::ChatToolCallContentChangedAction>(raw),
+        "chat/truncated" => err::<a::ChatTruncatedAction>(raw),
+        "chat/pendingMessageSet" => err::<a::ChatPendingMessageSetAction>(raw),
+        "chat/pendingMessageRemoved" => err::<a::ChatPendingMessageRemovedAction>(raw),
+        "chat/queuedMessagesReordered" => err::<a::ChatQueuedMessagesReorderedAction>(raw),
+        "chat/draftChanged" => err::<a::ChatDraftChangedAction>(raw),
         "" => return "action has no `type`".to_owned(),
         _ => None,
     };
+    let known = CLIENT_CHAT_ACTIONS.contains(&ty) || CLIENT_SESSION_ACTIONS.contains(&ty);
     match detail {
         Some(d) => format!("malformed `{ty}` action: {d}"),
+        None if known => format!("malformed `{ty}` action: its fields do not match the AHP schema"),
         None => format!("`{ty}` is not a client-dispatchable action"),
     }
 }
