@@ -89,7 +89,11 @@ pub async fn run(
                 }
             }
             Next::Close(cause) => {
-                tracing::info!(conn = out.id().0, ?cause, "closing connection");
+                if cause == CloseCause::Shutdown {
+                    tracing::debug!(conn = out.id().0, "closing connection");
+                } else {
+                    tracing::info!(conn = out.id().0, ?cause, "closing connection");
+                }
                 conn.do_send(WriterGone);
                 let _ =
                     tokio::time::timeout(CLOSE_GRACE, session.close(Some(close_reason(&cause))))
