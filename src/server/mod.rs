@@ -58,7 +58,19 @@ pub async fn run<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    let journal: Arc<dyn Journal> = Arc::new(MemoryJournal::new());
+    run_with_journal(listener, config, Arc::new(MemoryJournal::new()), shutdown).await
+}
+
+/// [`run`] with a given journal (tests inject one to observe invariant 1).
+pub async fn run_with_journal<F>(
+    listener: std::net::TcpListener,
+    config: Config,
+    journal: Arc<dyn Journal>,
+    shutdown: F,
+) -> anyhow::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let thread = std::thread::Builder::new()
         .name("tandem-server".into())

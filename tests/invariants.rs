@@ -1,0 +1,125 @@
+//! DESIGN.md invariant 1 (durable before visible) and the session roll-up:
+//! a client watching only the session sees what waits and answers it.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahp_types::actions::StateAction;
+use ahp_types::state::SessionInputRequest;
+use common::*;
+use serde_json::json;
+use tandem::store::{Commit, Journal, MemoryJournal, Record};
+use tokio::sync::Notify;
+
+/// A journal that can hold every append until the test releases it.
+#[derive(Default)]
+struct GatedJournal {
+    inner: MemoryJournal,
+    hold: AtomicBool,
+    release: Arc<Notify>,
+    appended: std::sync::Mutex<Vec<String>>,
+}
+
+impl Journal for GatedJournal {
+    fn append(&self, channel: &str, expected_seq: u64, records: Vec<Record>) -> Commit {
+        let held = self.hold.load(Ordering::SeqCst);
+        let release = self.release.clone();
+        let stored = self.inner.append(channel, expected_seq, records.clone());
+        if let Ok(mut a) = self.appended.lock() {
+            a.extend(records.iter().map(|r| r.to_string()));
+        }
+        Box::pin(async move {
+            if held {
+                release.notified().await;
+            }
+            stored.await
+        })
+    }
+    fn remove(&self, channel: &str) {
+        self.inner.remove(channel)
+    }
+    fn len(&self, channel: &str) -> u64 {
+        self.inner.len(channel)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nobody_sees_an_action_before_the_journal_has_it() {
+    let journal = Arc::new(GatedJournal::default());
+    let server = TestServer::start_with_journal(tandem::Config::default(), journal.clone()).await;
+    let mut a = server.client("a").await;
+    let mut b = server.client("b").await;
+    let (_s, chat) = a.create_session().await;
+    a.subscribe_chat(&chat).await;
+    b.subscribe_chat(&chat).await;
+
+    journal.hold.store(true, Ordering::SeqCst);
+    let seq = a
+        .dispatch(&chat, action(json!({"type": "chat/draftChanged", "draft": {"text": "held", "origin": {"kind": "user"}}})))
+        .await;
+    // The append has started but not returned: neither the sender nor the
+    // other subscriber may see the action.
+    for _ in 0..100 {
+        if journal.appended.lock().map(|a| a.iter().any(|r| r.contains("held"))).unwrap_or(false) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(journal.appended.lock().expect("lock").iter().any(|r| r.contains("held")), "append was called");
+    for c in [&mut a, &mut b] {
+        let early = tokio::time::timeout(Duration::from_millis(300), c.next_envelope()).await;
+        assert!(early.is_err(), "an envelope arrived before the journal returned: {early:?}");
+    }
+    journal.hold.store(false, Ordering::SeqCst);
+    journal.release.notify_waiters();
+    let echo = a.wait_echo(None, seq).await;
+    assert!(echo.rejection_reason.is_none());
+    let seen = b.next_envelope().await;
+    assert_eq!(seen.server_seq, echo.server_seq);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_only_client_sees_the_rollup_and_answers_without_subscribing_to_the_chat() {
+    let server = TestServer::start().await;
+    let owner = server.client("owner").await;
+    let (session, chat) = owner.create_session().await;
+    let mut watcher = server.client("session-watcher").await;
+    let initial = watcher.subscribe_session(&session).await;
+    assert!(initial.input_needed.is_none());
+
+    owner.start_turn(&chat, "/ask {\"questions\":[{\"kind\":\"text\",\"id\":\"q\",\"message\":\"?\",\"required\":true}]}").await;
+    let set = watcher
+        .wait_for(None, |e| e.channel == session && matches!(e.action, StateAction::SessionInputNeededSet(_)))
+        .await;
+    let StateAction::SessionInputNeededSet(set) = set.action else { unreachable!() };
+    let SessionInputRequest::ChatInput(req) = set.request else { panic!("expected a chat input entry") };
+    assert_eq!(req.chat, chat);
+
+    // Answer from the session roll-up alone.
+    let answer = json!({"state": "submitted", "value": {"kind": "text", "value": "from the session"}});
+    let done = watcher
+        .dispatch(&req.chat, action(json!({"type": "chat/inputCompleted", "requestId": req.request.id, "response": "accept", "answers": {"q": answer}})))
+        .await;
+    let echo = watcher.wait_echo(None, done).await;
+    assert!(echo.rejection_reason.is_none(), "{:?}", echo.rejection_reason);
+    assert_eq!(echo.channel, chat, "the echo reaches a sender not subscribed to the chat");
+    let removed = watcher
+        .wait_for(None, |e| e.channel == session && matches!(e.action, StateAction::SessionInputNeededRemoved(_)))
+        .await;
+    let StateAction::SessionInputNeededRemoved(removed) = removed.action else { unreachable!() };
+    assert_eq!(removed.id, req.id);
+
+    // The session state a fresh subscriber sees has nothing pending, and the
+    // agent got the answer.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let fresh = server.client("fresh").await.subscribe_session(&session).await;
+    assert!(fresh.input_needed.is_none(), "{:?}", fresh.input_needed);
+    let state = fresh_chat(&server, &chat).await;
+    let md = last_turn_markdown(&state);
+    assert!(md.iter().any(|m| m.starts_with("settled: answered") && m.contains("from the session")), "{md:?}");
+    server.stop().await;
+}
