@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
@@ -13,9 +11,8 @@ use tandem::Config;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 
-type Ws = tokio_tungstenite::WebSocketStream<
-    tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
->;
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 async fn raw(server: &TestServer) -> Ws {
     let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(server.url()))
@@ -212,7 +209,9 @@ async fn an_oversized_frame_is_refused_with_close_1009_and_the_server_lives_on()
                 break;
             }
             Ok(_) => {}
-            Err(e) => panic!("socket error before the close frame: {e} (error frame: {error_frame:?})"),
+            Err(e) => {
+                panic!("socket error before the close frame: {e} (error frame: {error_frame:?})")
+            }
         }
     }
     if let Some(err) = &error_frame {
@@ -227,6 +226,5 @@ async fn an_oversized_frame_is_refused_with_close_1009_and_the_server_lives_on()
     let mut again = raw(&server).await;
     assert_ping(&mut again, 7).await;
     let _ = again.close(None).await;
-    tokio::time::sleep(Duration::from_millis(10)).await;
     server.stop().await;
 }

@@ -63,15 +63,31 @@ async fn nobody_sees_an_action_before_the_journal_has_it() {
     // The append has started but not returned: neither the sender nor the
     // other subscriber may see the action.
     for _ in 0..100 {
-        if journal.appended.lock().map(|a| a.iter().any(|r| r.contains("held"))).unwrap_or(false) {
+        if journal
+            .appended
+            .lock()
+            .map(|a| a.iter().any(|r| r.contains("held")))
+            .unwrap_or(false)
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(journal.appended.lock().expect("lock").iter().any(|r| r.contains("held")), "append was called");
+    assert!(
+        journal
+            .appended
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|r| r.contains("held")),
+        "append was called"
+    );
     for c in [&mut a, &mut b] {
         let early = tokio::time::timeout(Duration::from_millis(300), c.next_envelope()).await;
-        assert!(early.is_err(), "an envelope arrived before the journal returned: {early:?}");
+        assert!(
+            early.is_err(),
+            "an envelope arrived before the journal returned: {early:?}"
+        );
     }
     journal.hold.store(false, Ordering::SeqCst);
     journal.release.notify_waiters();
@@ -93,33 +109,59 @@ async fn a_session_only_client_sees_the_rollup_and_answers_without_subscribing_t
 
     owner.start_turn(&chat, "/ask {\"questions\":[{\"kind\":\"text\",\"id\":\"q\",\"message\":\"?\",\"required\":true}]}").await;
     let set = watcher
-        .wait_for(None, |e| e.channel == session && matches!(e.action, StateAction::SessionInputNeededSet(_)))
+        .wait_for(None, |e| {
+            e.channel == session && matches!(e.action, StateAction::SessionInputNeededSet(_))
+        })
         .await;
-    let StateAction::SessionInputNeededSet(set) = set.action else { unreachable!() };
-    let SessionInputRequest::ChatInput(req) = set.request else { panic!("expected a chat input entry") };
+    let StateAction::SessionInputNeededSet(set) = set.action else {
+        unreachable!()
+    };
+    let SessionInputRequest::ChatInput(req) = set.request else {
+        panic!("expected a chat input entry")
+    };
     assert_eq!(req.chat, chat);
 
     // Answer from the session roll-up alone.
-    let answer = json!({"state": "submitted", "value": {"kind": "text", "value": "from the session"}});
+    let answer =
+        json!({"state": "submitted", "value": {"kind": "text", "value": "from the session"}});
     let done = watcher
         .dispatch(&req.chat, action(json!({"type": "chat/inputCompleted", "requestId": req.request.id, "response": "accept", "answers": {"q": answer}})))
         .await;
     let echo = watcher.wait_echo(None, done).await;
-    assert!(echo.rejection_reason.is_none(), "{:?}", echo.rejection_reason);
-    assert_eq!(echo.channel, chat, "the echo reaches a sender not subscribed to the chat");
+    assert!(
+        echo.rejection_reason.is_none(),
+        "{:?}",
+        echo.rejection_reason
+    );
+    assert_eq!(
+        echo.channel, chat,
+        "the echo reaches a sender not subscribed to the chat"
+    );
     let removed = watcher
-        .wait_for(None, |e| e.channel == session && matches!(e.action, StateAction::SessionInputNeededRemoved(_)))
+        .wait_for(None, |e| {
+            e.channel == session && matches!(e.action, StateAction::SessionInputNeededRemoved(_))
+        })
         .await;
-    let StateAction::SessionInputNeededRemoved(removed) = removed.action else { unreachable!() };
+    let StateAction::SessionInputNeededRemoved(removed) = removed.action else {
+        unreachable!()
+    };
     assert_eq!(removed.id, req.id);
 
     // The session state a fresh subscriber sees has nothing pending, and the
     // agent got the answer.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let fresh = server.client("fresh").await.subscribe_session(&session).await;
+    let fresh = server
+        .client("fresh")
+        .await
+        .subscribe_session(&session)
+        .await;
     assert!(fresh.input_needed.is_none(), "{:?}", fresh.input_needed);
     let state = fresh_chat(&server, &chat).await;
     let md = last_turn_markdown(&state);
-    assert!(md.iter().any(|m| m.starts_with("settled: answered") && m.contains("from the session")), "{md:?}");
+    assert!(
+        md.iter()
+            .any(|m| m.starts_with("settled: answered") && m.contains("from the session")),
+        "{md:?}"
+    );
     server.stop().await;
 }

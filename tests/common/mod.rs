@@ -33,16 +33,28 @@ impl TestServer {
     }
 
     pub async fn start_with(config: Config) -> Self {
-        Self::start_with_journal(config, std::sync::Arc::new(tandem::store::MemoryJournal::new())).await
+        Self::start_with_journal(
+            config,
+            std::sync::Arc::new(tandem::store::MemoryJournal::new()),
+        )
+        .await
     }
 
-    pub async fn start_with_journal(config: Config, journal: std::sync::Arc<dyn tandem::store::Journal>) -> Self {
+    pub async fn start_with_journal(
+        config: Config,
+        journal: std::sync::Arc<dyn tandem::store::Journal>,
+    ) -> Self {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(tandem::server::run_with_journal(listener, config, journal, async move {
-            let _ = rx.await;
-        }));
+        let task = tokio::spawn(tandem::server::run_with_journal(
+            listener,
+            config,
+            journal,
+            async move {
+                let _ = rx.await;
+            },
+        ));
         // Wait until it answers.
         let url = format!("http://{addr}/healthz");
         for _ in 0..200 {
