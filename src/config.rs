@@ -7,6 +7,10 @@ use std::time::Duration;
 pub struct Config {
     /// Envelopes kept in memory for `reconnect` replay.
     pub replay_ring_len: usize,
+    /// Largest `reconnect` replay sent as is; a bigger gap is answered with
+    /// snapshots, which are smaller than a long backlog and fit any client's
+    /// frame limit.
+    pub max_replay_bytes: usize,
     /// Unsent bytes a connection may queue before it is evicted.
     pub outbound_limit_bytes: usize,
     /// Largest accepted WebSocket frame.
@@ -28,6 +32,7 @@ impl Default for Config {
             .unwrap_or(2);
         Self {
             replay_ring_len: 100_000,
+            max_replay_bytes: 4 * 1024 * 1024,
             outbound_limit_bytes: 8 * 1024 * 1024,
             max_frame_bytes: 1024 * 1024,
             http_workers: cores,

@@ -32,6 +32,9 @@ struct ServeArgs {
     /// Envelopes kept in memory for `reconnect` replay.
     #[arg(long, default_value_t = Config::default().replay_ring_len)]
     replay_ring_len: usize,
+    /// Largest reconnect replay sent as is; bigger gaps get snapshots.
+    #[arg(long, default_value_t = Config::default().max_replay_bytes)]
+    max_replay_bytes: usize,
     /// Unsent bytes a connection may queue before it is evicted.
     #[arg(long, default_value_t = Config::default().outbound_limit_bytes)]
     outbound_limit_bytes: usize,
@@ -54,6 +57,7 @@ fn main() -> anyhow::Result<()> {
     };
     let config = Config {
         replay_ring_len: args.replay_ring_len,
+        max_replay_bytes: args.max_replay_bytes,
         outbound_limit_bytes: args.outbound_limit_bytes,
         max_frame_bytes: args.max_frame_bytes,
         ..Config::default()

@@ -86,7 +86,8 @@ struct SeqState {
 pub enum Replay {
     /// Every envelope after `lastSeenServerSeq` on the requested channels.
     Envelopes(Vec<Arc<str>>),
-    /// The ring no longer holds the gap (or the client is from another epoch).
+    /// The ring no longer holds the gap, the gap is too big to replay, or
+    /// the client is from another epoch.
     TooOld,
 }
 
@@ -187,6 +188,7 @@ impl Publisher {
         last_seen: u64,
         channels: &[(Arc<str>, Arc<Hub>)],
         conn: &Arc<Outbound>,
+        max_bytes: usize,
         under_lock: impl FnOnce(&[Arc<str>]),
     ) -> Replay {
         let st = self.state.lock();
@@ -205,6 +207,9 @@ impl Publisher {
             .filter(|e| channels.iter().any(|(c, _)| **c == *e.channel))
             .map(|e| e.envelope.clone())
             .collect();
+        if envelopes.iter().map(|e| e.len()).sum::<usize>() > max_bytes {
+            return Replay::TooOld;
+        }
         for (_, hub) in channels {
             hub.add(conn);
         }
@@ -283,19 +288,19 @@ mod tests {
         let c = conn(1 << 20);
         let chans = vec![(ch.clone(), hub.clone())];
         assert!(matches!(
-            p.replay_and_subscribe(1, &chans, &c, |_| {}),
+            p.replay_and_subscribe(1, &chans, &c, usize::MAX, |_| {}),
             Replay::TooOld
         ));
-        match p.replay_and_subscribe(2, &chans, &c, |_| {}) {
+        match p.replay_and_subscribe(2, &chans, &c, usize::MAX, |_| {}) {
             Replay::Envelopes(e) => assert_eq!(e.len(), 3),
             Replay::TooOld => panic!("ring holds seqs 3..=5"),
         }
         assert!(hub.contains(c.id()));
         assert!(matches!(
-            p.replay_and_subscribe(9, &chans, &c, |_| {}),
+            p.replay_and_subscribe(9, &chans, &c, usize::MAX, |_| {}),
             Replay::TooOld
         ));
-        match p.replay_and_subscribe(5, &chans, &c, |_| {}) {
+        match p.replay_and_subscribe(5, &chans, &c, usize::MAX, |_| {}) {
             Replay::Envelopes(e) => assert!(e.is_empty()),
             Replay::TooOld => panic!("nothing missed"),
         }

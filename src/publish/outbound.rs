@@ -2,9 +2,14 @@
 //!
 //! Publishers (chat, session and root actors) push frames without ever
 //! awaiting; the connection's writer task pops them and awaits the socket.
-//! When the queued bytes would pass the limit the connection is marked for
-//! eviction: the queue is dropped and the writer closes the socket with a
-//! reason. The client recovers everything with `reconnect` (invariant 5).
+//! When the queued bytes of *pushed* frames (envelopes, notifications) would
+//! pass the limit the connection is marked for eviction: the queue is dropped
+//! and the writer closes the socket with a reason. The client recovers
+//! everything with `reconnect` (invariant 5).
+//!
+//! Replies to the client's own requests are not counted against the limit:
+//! the client asked for them, and a `reconnect` replay after an eviction is
+//! by construction larger than the limit that evicted it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,15 +35,24 @@ pub enum CloseCause {
     Shutdown,
 }
 
+/// A queued frame and whether it counts against the limit.
+pub struct Frame {
+    /// The text to write.
+    pub data: ByteString,
+    /// Counted in `bytes` (pushed, not a reply).
+    counted: bool,
+}
+
 struct State {
-    frames: VecDeque<ByteString>,
-    /// Bytes in `frames` and `held` plus the frame the writer is sending.
+    frames: VecDeque<Frame>,
+    /// Bytes of counted frames in `frames` and `held`, plus the counted frame
+    /// the writer is sending.
     bytes: usize,
     /// Highest `serverSeq` pushed to this connection.
     last_seq: u64,
     /// While true, pushes go to `held` so a reply can be queued before them.
     gated: bool,
-    held: VecDeque<ByteString>,
+    held: VecDeque<Frame>,
     close: Option<CloseCause>,
 }
 
@@ -52,8 +66,8 @@ pub struct Outbound {
 
 /// What the writer should do next.
 pub enum Next {
-    /// Write this frame, then call [`Outbound::sent`] with its length.
-    Frame(ByteString),
+    /// Write this frame, then hand it back to [`Outbound::sent`].
+    Frame(Frame),
     /// Close the socket for this cause.
     Close(CloseCause),
 }
@@ -103,6 +117,10 @@ impl Outbound {
             return false;
         }
         st.bytes += frame.len();
+        let frame = Frame {
+            data: frame,
+            counted: true,
+        };
         if st.gated {
             st.held.push_back(frame);
         } else {
@@ -120,10 +138,23 @@ impl Outbound {
         }
     }
 
-    /// Push a reply or notification frame.
+    /// Push a notification frame (counted against the limit).
     pub fn push_frame(&self, frame: ByteString) {
         let mut st = self.state.lock();
         self.push_locked(&mut st, frame);
+    }
+
+    /// Queue a reply to one of the client's requests (not counted).
+    pub fn push_reply(&self, frame: ByteString) {
+        let mut st = self.state.lock();
+        if st.close.is_some() {
+            return;
+        }
+        st.frames.push_back(Frame {
+            data: frame,
+            counted: false,
+        });
+        self.wake.notify_one();
     }
 
     /// Push a frame built from the last `serverSeq` sent here (rejection echoes
@@ -140,22 +171,16 @@ impl Outbound {
         self.state.lock().gated = true;
     }
 
-    /// Queue `reply` (if any) and then everything held, and stop holding.
+    /// Queue `reply` (if any, not counted) and then everything held, and stop
+    /// holding.
     pub fn ungate_with(&self, reply: Option<ByteString>) {
         let mut st = self.state.lock();
         st.gated = false;
-        if let Some(reply) = reply {
-            // The reply goes ahead of held frames; it was not counted yet.
-            if st.close.is_none() {
-                if st.bytes + reply.len() > self.limit_bytes {
-                    st.frames.clear();
-                    st.held.clear();
-                    st.close = Some(CloseCause::Overflow);
-                } else {
-                    st.bytes += reply.len();
-                    st.frames.push_back(reply);
-                }
-            }
+        if let (Some(reply), None) = (reply, &st.close) {
+            st.frames.push_back(Frame {
+                data: reply,
+                counted: false,
+            });
         }
         let held = std::mem::take(&mut st.held);
         st.frames.extend(held);
@@ -201,10 +226,12 @@ impl Outbound {
         }
     }
 
-    /// The writer finished writing a frame of `len` bytes.
-    pub fn sent(&self, len: usize) {
-        let mut st = self.state.lock();
-        st.bytes = st.bytes.saturating_sub(len);
+    /// The writer finished with a frame (written or dropped).
+    pub fn sent(&self, frame: &Frame) {
+        if frame.counted {
+            let mut st = self.state.lock();
+            st.bytes = st.bytes.saturating_sub(frame.data.len());
+        }
     }
 
     /// Queued bytes (for metrics and tests).
@@ -216,7 +243,7 @@ impl Outbound {
     pub(crate) fn drain_for_test(&self) -> Vec<ByteString> {
         let mut st = self.state.lock();
         st.bytes = 0;
-        st.frames.drain(..).collect()
+        st.frames.drain(..).map(|f| f.data).collect()
     }
 }
 
@@ -251,6 +278,19 @@ mod tests {
         assert_eq!(o.last_seq(), 5);
     }
 
+    #[test]
+    fn replies_do_not_count_against_the_limit() {
+        let o = Outbound::new(10);
+        o.push_reply(ByteString::from("a reply far larger than ten bytes"));
+        assert!(!o.is_closing());
+        assert_eq!(o.queued_bytes(), 0);
+        o.gate();
+        o.push_envelope(1, "12345".into());
+        o.ungate_with(Some("another long reply".into()));
+        assert!(!o.is_closing());
+        assert_eq!(o.queued_bytes(), 5);
+    }
+
     #[tokio::test]
     async fn writer_sees_frames_then_close() {
         let o = Outbound::new(1000);
@@ -258,8 +298,8 @@ mod tests {
         o.close(CloseCause::Shutdown);
         match o.next().await {
             Next::Frame(f) => {
-                assert_eq!(&*f, "a");
-                o.sent(f.len());
+                assert_eq!(&*f.data, "a");
+                o.sent(&f);
             }
             Next::Close(_) => panic!("frame first"),
         }

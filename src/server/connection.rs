@@ -542,6 +542,7 @@ impl Connection {
                 p.last_seen_server_seq as u64,
                 &channels,
                 &self.out,
+                self.shared.config.max_replay_bytes,
                 |_| {},
             );
             if let Replay::Envelopes(envs) = replay {

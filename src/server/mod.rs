@@ -111,6 +111,12 @@ where
                         .route("/healthz", web::get().to(healthz))
                         .route("/", web::get().to(index))
                 })
+                .on_connect(|conn, _| {
+                    // Envelopes are small and latency matters more than packing.
+                    if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+                        let _ = tcp.set_nodelay(true);
+                    }
+                })
                 .workers(config.http_workers.max(1))
                 .disable_signals()
                 .shutdown_timeout(5)

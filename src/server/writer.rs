@@ -13,7 +13,7 @@ use super::connection::{Connection, WriterGone};
 use crate::publish::outbound::{CloseCause, Next, Outbound};
 
 /// How long a close frame may wait for a peer that stopped reading.
-const CLOSE_GRACE: Duration = Duration::from_secs(5);
+const CLOSE_GRACE: Duration = Duration::from_secs(30);
 
 /// Milliseconds since the Unix epoch (activity stamps).
 pub fn now_ms() -> u64 {
@@ -73,9 +73,8 @@ pub async fn run(
         };
         match next {
             Next::Frame(frame) => {
-                let len = frame.len();
                 let evicted = tokio::select! {
-                    sent = session.text(frame) => {
+                    sent = session.text(frame.data.clone()) => {
                         if sent.is_err() {
                             break;
                         }
@@ -83,7 +82,7 @@ pub async fn run(
                     }
                     _ = out.evicted() => true,
                 };
-                out.sent(len);
+                out.sent(&frame);
                 if evicted {
                     continue;
                 }

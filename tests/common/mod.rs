@@ -243,6 +243,19 @@ impl TestClient {
         }
     }
 
+    /// Apply envelopes to `mirror` until its state satisfies `pred` (checked
+    /// first, so an envelope consumed earlier is not waited for again).
+    pub async fn wait_state(
+        &mut self,
+        mirror: &mut ChatMirror,
+        mut pred: impl FnMut(&ChatState) -> bool,
+    ) {
+        while !pred(&mirror.state) {
+            let env = self.next_envelope().await;
+            mirror.apply(&env);
+        }
+    }
+
     /// The echo of our own dispatch `client_seq`.
     pub async fn wait_echo(
         &mut self,
