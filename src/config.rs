@@ -1,16 +1,31 @@
 //! Server configuration: every tunable with its unit in the name.
 
+use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::store::Durability;
 
 /// How the server runs. `Default` is what `tandem serve` uses without flags.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Where the SQLite store lives; `None` keeps everything in memory.
+    pub data_dir: Option<PathBuf>,
+    /// How hard a commit waits for the disk.
+    pub durability: Durability,
     /// Envelopes kept in memory for `reconnect` replay.
     pub replay_ring_len: usize,
     /// Largest `reconnect` replay sent as is; a bigger gap is answered with
     /// snapshots, which are smaller than a long backlog and fit any client's
     /// frame limit.
     pub max_replay_bytes: usize,
+    /// A channel's state is snapshotted into the store every this many
+    /// journaled actions, so recovery replays only the tail.
+    pub snapshot_every: u64,
+    /// Completed turns a chat keeps in memory after a restart; older ones are
+    /// paged in with `fetchTurns`.
+    pub turns_window: usize,
+    /// Turns one `fetchTurns` loads.
+    pub turns_page: u64,
     /// Unsent bytes a connection may queue before it is evicted.
     pub outbound_limit_bytes: usize,
     /// Largest accepted WebSocket frame.
@@ -31,8 +46,13 @@ impl Default for Config {
             .map(|n| n.get())
             .unwrap_or(2);
         Self {
+            data_dir: None,
+            durability: Durability::Full,
             replay_ring_len: 100_000,
             max_replay_bytes: 4 * 1024 * 1024,
+            snapshot_every: 64,
+            turns_window: 50,
+            turns_page: 50,
             outbound_limit_bytes: 8 * 1024 * 1024,
             max_frame_bytes: 1024 * 1024,
             http_workers: cores,

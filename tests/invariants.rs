@@ -11,7 +11,7 @@ use ahp_types::actions::StateAction;
 use ahp_types::state::SessionInputRequest;
 use common::*;
 use serde_json::json;
-use tandem::store::{Commit, Journal, MemoryJournal, Record};
+use tandem::store::{Batch, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered};
 use tokio::sync::Notify;
 
 /// A journal that can hold every append until the test releases it.
@@ -24,13 +24,16 @@ struct GatedJournal {
 }
 
 impl Journal for GatedJournal {
-    fn append(&self, channel: &str, expected_seq: u64, records: Vec<Record>) -> Commit {
+    fn create_channel(&self, info: ChannelInfo) -> Commit {
+        self.inner.create_channel(info)
+    }
+    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
         let held = self.hold.load(Ordering::SeqCst);
         let release = self.release.clone();
-        let stored = self.inner.append(channel, expected_seq, records.clone());
         if let Ok(mut a) = self.appended.lock() {
-            a.extend(records.iter().map(|r| r.to_string()));
+            a.extend(batch.records.iter().map(|r| r.to_string()));
         }
+        let stored = self.inner.append(channel, expected_seq, batch);
         Box::pin(async move {
             if held {
                 release.notified().await;
@@ -43,6 +46,20 @@ impl Journal for GatedJournal {
     }
     fn len(&self, channel: &str) -> u64 {
         self.inner.len(channel)
+    }
+    fn turns_before(
+        &self,
+        chat: &str,
+        before: u64,
+        limit: u64,
+    ) -> Result<Vec<Arc<str>>, JournalError> {
+        self.inner.turns_before(chat, before, limit)
+    }
+    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
+        self.inner.reserve_seq(upto)
+    }
+    fn recover(&self) -> Result<Recovered, JournalError> {
+        self.inner.recover()
     }
 }
 

@@ -32,6 +32,7 @@ use crate::interactions::{tool_options, Interaction, Outcome, Settlement};
 use crate::protocol::RpcError;
 use crate::providers::{AgentTurn, ChatHandle};
 use crate::publish::Hub;
+use crate::store::TurnRecord;
 use crate::time::{millis_since, now_rfc3339};
 
 /// An open input request an agent is waiting on.
@@ -67,6 +68,14 @@ pub struct ChatActor {
     rollup: Vec<SessionInputRequest>,
     /// Last status reported to the session's chat catalog.
     reported_status: u32,
+    /// Turns of the history before `state.turns` (stored, not in memory).
+    turn_base: u64,
+    /// Turns ended by actions reduced since the last commit.
+    pending_turns: Vec<TurnRecord>,
+    /// A truncation reduced since the last commit: drop stored turns from here.
+    pending_truncate: Option<u64>,
+    /// Recovered with a turn that was running when the server stopped.
+    crashed_turn: bool,
 }
 
 impl ChatActor {
@@ -81,26 +90,90 @@ impl ChatActor {
         title: String,
     ) -> Self {
         let state = new_chat_state(&uri, title);
+        Self::recovered(uri, hub, shared, session, session_addr, provider, state, 0)
+    }
+
+    /// A chat rebuilt from the store. A turn that was running when the server
+    /// stopped ends with `chat/error` as soon as the actor starts.
+    #[allow(clippy::too_many_arguments)]
+    pub fn recovered(
+        uri: Arc<str>,
+        hub: Arc<Hub>,
+        shared: Arc<Shared>,
+        session: Arc<str>,
+        session_addr: Addr<SessionActor>,
+        provider: String,
+        state: ChatState,
+        turn_base: u64,
+    ) -> Self {
+        let used_turn_ids = state
+            .turns
+            .iter()
+            .map(|t| t.id.clone())
+            .chain(state.active_turn.iter().map(|t| t.id.clone()))
+            .collect();
         Self {
             reported_status: state.status,
+            rollup: rollup::open_items(&uri, &state),
+            crashed_turn: state.active_turn.is_some(),
             core: ChannelCore::new(uri, hub, shared),
             session,
             session_addr,
             provider,
             state,
-            used_turn_ids: HashSet::new(),
+            used_turn_ids,
             inputs: HashMap::new(),
             tools: HashMap::new(),
-            rollup: Vec::new(),
+            turn_base,
+            pending_turns: Vec::new(),
+            pending_truncate: None,
+        }
+    }
+
+    /// The opaque `turnsNextCursor` for history before turn `base`.
+    fn cursor(base: u64) -> String {
+        format!("turns-before:{base}")
+    }
+
+    /// Keep what an action did to the turn history, for the store.
+    fn track_history(&mut self, action: &StateAction, turns_before: usize) {
+        match action {
+            StateAction::ChatTurnComplete(_)
+            | StateAction::ChatTurnCancelled(_)
+            | StateAction::ChatError(_) => {
+                if let Some(t) = self.state.turns.last() {
+                    self.pending_turns.push(TurnRecord {
+                        index: self.turn_base + self.state.turns.len() as u64 - 1,
+                        json: serde_json::to_string(t).unwrap_or_default().into(),
+                    });
+                }
+            }
+            StateAction::ChatTruncated(a) => {
+                let from = if a.turn_id.is_none() {
+                    self.turn_base = 0;
+                    0
+                } else {
+                    self.turn_base + self.state.turns.len() as u64
+                };
+                self.pending_turns.retain(|t| t.index < from);
+                self.pending_truncate = Some(self.pending_truncate.map_or(from, |f| f.min(from)));
+            }
+            StateAction::ChatTurnsLoaded(_) => {
+                let added = self.state.turns.len().saturating_sub(turns_before) as u64;
+                self.turn_base = self.turn_base.saturating_sub(added);
+            }
+            _ => {}
         }
     }
 
     fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {
+        let turns_before = self.state.turns.len();
         match apply_action_to_chat(&mut self.state, action) {
             ReduceOutcome::Applied => {
                 if let StateAction::ChatTurnStarted(a) = action {
                     self.used_turn_ids.insert(a.turn_id.clone());
                 }
+                self.track_history(action, turns_before);
                 Ok(())
             }
             ReduceOutcome::NoOp => Err(Rejection::new(format!(
@@ -144,7 +217,12 @@ impl ChatActor {
             }
             return;
         }
-        let commit = self.core.append(&batch);
+        let turns = std::mem::take(&mut self.pending_turns);
+        let truncate = self.pending_truncate.take();
+        let state = &self.state;
+        let commit = self.core.append(&batch, turns, truncate, || {
+            serde_json::to_string(state).ok()
+        });
         ctx.wait(commit.into_actor(self).map(move |res, act, ctx| match res {
             Ok(()) => {
                 for a in &batch {
@@ -525,6 +603,22 @@ impl ChatActor {
 
 impl Actor for ChatActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        if !std::mem::take(&mut self.crashed_turn) {
+            return;
+        }
+        if let Some(t) = &self.state.active_turn {
+            tracing::info!(chat = %self.core.uri, turn = %t.id, "ending a turn interrupted by a restart");
+            let err = chat_error(
+                &t.id,
+                &t.started_at,
+                "HostRestarted",
+                "the server restarted while this turn was running",
+            );
+            self.host_actions(ctx, vec![err]);
+        }
+    }
 }
 
 impl Handler<ClientDispatch> for ChatActor {
@@ -648,25 +742,81 @@ impl Handler<GetChatState> for ChatActor {
     }
 }
 
-/// `fetchTurns`: every retained turn is already in the state, so there is
-/// never an older page; any cursor is one this host did not issue.
+/// `fetchTurns`: page older stored turns into the chat (for everyone) with
+/// `chat/turnsLoaded`, answering once it is published.
 #[derive(Message)]
-#[rtype(result = "Result<(), RpcError>")]
+#[rtype(result = "()")]
 pub struct FetchTurns {
-    /// The cursor from `turnsNextCursor`.
+    /// The cursor from `turnsNextCursor`; `None` loads the next page if any.
     pub cursor: Option<String>,
+    /// Answered after the turns are in the state (or with the reason not).
+    pub reply: oneshot::Sender<Result<(), RpcError>>,
 }
 
 impl Handler<FetchTurns> for ChatActor {
-    type Result = Result<(), RpcError>;
+    type Result = ();
 
-    fn handle(&mut self, msg: FetchTurns, _: &mut Self::Context) -> Self::Result {
-        match msg.cursor {
-            None => Ok(()),
-            Some(c) => Err(RpcError::invalid_params(format!(
-                "unrecognised turns cursor `{c}`"
-            ))),
+    fn handle(&mut self, msg: FetchTurns, ctx: &mut Self::Context) {
+        let current = self.state.turns_next_cursor.clone();
+        match (&msg.cursor, &current) {
+            (None, None) => {
+                let _ = msg.reply.send(Ok(()));
+                return;
+            }
+            (Some(c), Some(cur)) if c == cur => {}
+            (None, Some(_)) => {}
+            (Some(c), _) => {
+                let _ = msg.reply.send(Err(RpcError::invalid_params(format!(
+                    "unrecognised turns cursor `{c}`"
+                ))));
+                return;
+            }
         }
+        let page = self.core.shared.config.turns_page;
+        let loaded =
+            match self
+                .core
+                .shared
+                .journal
+                .turns_before(&self.core.uri, self.turn_base, page)
+            {
+                Ok(t) => t,
+                Err(e) => {
+                    let _ = msg.reply.send(Err(RpcError::internal(format!(
+                        "reading stored turns: {e}"
+                    ))));
+                    return;
+                }
+            };
+        let turns: Result<Vec<ahp_types::state::Turn>, _> =
+            loaded.iter().map(|t| serde_json::from_str(t)).collect();
+        let turns = match turns {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = msg.reply.send(Err(RpcError::internal(format!(
+                    "a stored turn does not decode: {e}"
+                ))));
+                return;
+            }
+        };
+        let new_base = self.turn_base.saturating_sub(turns.len() as u64);
+        let action = StateAction::ChatTurnsLoaded(ahp_types::actions::ChatTurnsLoadedAction {
+            turns,
+            turns_next_cursor: (new_base > 0).then(|| Self::cursor(new_base)),
+        });
+        if let Err(r) = self.reduce(&action) {
+            let _ = msg.reply.send(Err(RpcError::internal(r.0)));
+            return;
+        }
+        let (done, rx) = oneshot::channel();
+        self.commit(ctx, vec![Accepted::new(action, None)], Some(done));
+        let reply = msg.reply;
+        actix::spawn(async move {
+            let r = rx
+                .await
+                .unwrap_or_else(|_| Err(Rejection::new("the chat went away")));
+            let _ = reply.send(r.map_err(|e| RpcError::internal(e.0)));
+        });
     }
 }
 

@@ -11,7 +11,7 @@ use super::registry::Registry;
 use crate::config::Config;
 use crate::providers::Providers;
 use crate::publish::{rejection_frame, ConnId, Hub, Outbound, Publisher, ServerSeq};
-use crate::store::{Journal, JournalError, Record};
+use crate::store::{Batch, Journal, JournalError, Record, SnapshotRecord, TurnRecord};
 
 /// Server-wide context handed to every actor and connection.
 pub struct Shared {
@@ -40,8 +40,13 @@ impl Shared {
         arbiters: Vec<ArbiterHandle>,
         start_seq: u64,
     ) -> Self {
+        let reserving = journal.clone();
         Self {
-            publisher: Publisher::new(start_seq, config.replay_ring_len),
+            publisher: Publisher::with_reserver(
+                start_seq,
+                config.replay_ring_len,
+                Box::new(move |upto| reserving.reserve_seq(upto).is_ok()),
+            ),
             config,
             registry: Registry::default(),
             journal,
@@ -100,6 +105,8 @@ pub struct ChannelCore {
     /// Set when the journal refused a write: the channel then rejects every
     /// new action (reads keep working) instead of acknowledging unstored ones.
     pub store_failed: Option<String>,
+    /// Records journaled since the last snapshot.
+    since_snapshot: u64,
 }
 
 impl ChannelCore {
@@ -112,6 +119,7 @@ impl ChannelCore {
             shared,
             journal_len,
             store_failed: None,
+            since_snapshot: 0,
         }
     }
 
@@ -129,11 +137,38 @@ impl ChannelCore {
     }
 
     /// Start journaling a batch; the caller publishes when it resolves.
-    pub fn append(&mut self, batch: &[Accepted]) -> crate::store::Commit {
+    /// Every `snapshot_every` records the channel's state (from `state`, taken
+    /// after the batch) goes along, so recovery replays only the tail.
+    pub fn append(
+        &mut self,
+        batch: &[Accepted],
+        turns: Vec<TurnRecord>,
+        truncate_turns_from: Option<u64>,
+        state: impl FnOnce() -> Option<String>,
+    ) -> crate::store::Commit {
         let records: Vec<Record> = batch.iter().map(|a| a.json.clone()).collect();
         let expected = self.journal_len;
         self.journal_len += records.len() as u64;
-        self.shared.journal.append(&self.uri, expected, records)
+        self.since_snapshot += records.len() as u64;
+        let snapshot = if self.since_snapshot >= self.shared.config.snapshot_every {
+            self.since_snapshot = 0;
+            state().map(|s| SnapshotRecord {
+                at_seq: self.journal_len,
+                state: s.into(),
+            })
+        } else {
+            None
+        };
+        self.shared.journal.append(
+            &self.uri,
+            expected,
+            Batch {
+                records,
+                turns,
+                truncate_turns_from,
+                snapshot,
+            },
+        )
     }
 
     /// Publish one journaled action to every subscriber (and its dispatcher).

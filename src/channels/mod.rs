@@ -8,6 +8,7 @@
 
 pub mod chat;
 pub mod core;
+pub mod recovery;
 pub mod registry;
 pub mod rollup;
 pub mod root;

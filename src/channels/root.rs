@@ -20,19 +20,23 @@ use super::validate;
 use super::{ClientDispatch, SnapshotJson, Subscribe};
 use crate::protocol::{encode_notification, errors, RpcError};
 use crate::publish::Hub;
+use crate::store::{ChannelInfo, ChannelKind};
 
 /// The root channel.
 pub struct RootActor {
     core: ChannelCore,
+    /// Own address, handed to the sessions it starts.
+    me: Addr<RootActor>,
     state: RootState,
     sessions: HashMap<Arc<str>, (Addr<SessionActor>, SessionSummary)>,
 }
 
 impl RootActor {
     /// The root channel with the given agents registered.
-    pub fn new(hub: Arc<Hub>, shared: Arc<Shared>) -> Self {
+    pub fn new(hub: Arc<Hub>, shared: Arc<Shared>, me: Addr<RootActor>) -> Self {
         let agents = shared.providers.infos();
         Self {
+            me,
             core: ChannelCore::new(ROOT_RESOURCE_URI.into(), hub, shared),
             state: RootState {
                 agents,
@@ -45,22 +49,16 @@ impl RootActor {
         }
     }
 
-    fn host_action(&mut self, ctx: &mut Context<Self>, action: StateAction) {
+    /// Root state is derived (the agents registered, the sessions that exist),
+    /// so its actions are published without a journal entry: after a restart
+    /// it is rebuilt from the stored sessions.
+    fn host_action(&mut self, action: StateAction) {
         if ahp::reducers::apply_action_to_root(&mut self.state, &action)
             != ahp::ReduceOutcome::Applied
         {
             return;
         }
-        let batch = vec![Accepted::new(action, None)];
-        let commit = self.core.append(&batch);
-        ctx.wait(commit.into_actor(self).map(move |res, act, _| match res {
-            Ok(()) => {
-                for a in &batch {
-                    act.core.publish(a);
-                }
-            }
-            Err(e) => act.core.commit_failed(e, &batch),
-        }));
+        self.core.publish(&Accepted::new(action, None));
     }
 
     fn notify(&self, method: &str, params: &impl serde::Serialize) {
@@ -70,14 +68,22 @@ impl RootActor {
             .notify_all(&ByteString::from(encode_notification(method, &params)));
     }
 
-    fn session_count_changed(&mut self, ctx: &mut Context<Self>) {
+    /// The server context.
+    pub fn shared(&self) -> Arc<Shared> {
+        self.core.shared.clone()
+    }
+
+    /// Own address.
+    pub fn address(&self) -> Addr<RootActor> {
+        self.me.clone()
+    }
+
+    /// Publish the session count.
+    pub fn session_count_changed(&mut self) {
         let n = self.sessions.len() as i64;
-        self.host_action(
-            ctx,
-            StateAction::RootActiveSessionsChanged(RootActiveSessionsChangedAction {
-                active_sessions: n,
-            }),
-        );
+        self.host_action(StateAction::RootActiveSessionsChanged(
+            RootActiveSessionsChangedAction { active_sessions: n },
+        ));
     }
 }
 
@@ -131,9 +137,27 @@ pub struct CreateSession {
 }
 
 impl Handler<CreateSession> for RootActor {
-    type Result = Result<(), RpcError>;
+    type Result = ResponseFuture<Result<(), RpcError>>;
 
-    fn handle(&mut self, msg: CreateSession, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: CreateSession, _: &mut Self::Context) -> Self::Result {
+        match self.create_session(msg) {
+            Ok(done) => Box::pin(async move {
+                done.await
+                    .unwrap_or_else(|_| Err(super::Rejection::new("the session went away")))
+                    .map_err(|r| {
+                        RpcError::internal(format!("the session could not be stored: {r}"))
+                    })
+            }),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+}
+
+impl RootActor {
+    fn create_session(
+        &mut self,
+        msg: CreateSession,
+    ) -> Result<tokio::sync::oneshot::Receiver<Result<(), super::Rejection>>, RpcError> {
         let prefix = "ahp-session:/";
         if !msg.uri.starts_with(prefix)
             || msg.uri.len() <= prefix.len()
@@ -161,22 +185,28 @@ impl Handler<CreateSession> for RootActor {
         }
         let shared = self.core.shared.clone();
         let uri: Arc<str> = msg.uri.into();
-        let hub = Arc::new(Hub::default());
-        let root = ctx.address();
-        let (u, h, s, p) = (uri.clone(), hub.clone(), shared.clone(), provider);
-        let session_actor = SessionActor::new(u, h, s, p, root);
+        let session_actor = SessionActor::new(
+            uri.clone(),
+            Arc::new(Hub::default()),
+            shared.clone(),
+            provider.clone(),
+            self.me.clone(),
+        );
         let summary = session_actor.summary();
-        let addr = SessionActor::start_in_arbiter(&shared.next_arbiter(), move |_| session_actor);
-        shared.registry.insert(Channel {
-            uri: uri.clone(),
-            hub,
-            addr: ChannelAddr::Session(addr.clone()),
-            session: Some(uri.clone()),
-        });
+        drop(shared.journal.create_channel(ChannelInfo {
+            uri: uri.to_string(),
+            kind: ChannelKind::Session,
+            session: None,
+            provider,
+            title: summary.title.clone(),
+            created_at: summary.created_at.clone(),
+        }));
+        let (done, rx) = tokio::sync::oneshot::channel();
+        let addr = self.start_session(uri.clone(), session_actor, summary.clone());
         addr.do_send(InitSession {
             default_chat: format!("ahp-chat:/{}", uuid::Uuid::new_v4()).into(),
+            done,
         });
-        self.sessions.insert(uri.clone(), (addr, summary.clone()));
         self.notify(
             "root/sessionAdded",
             &SessionAddedParams {
@@ -184,8 +214,28 @@ impl Handler<CreateSession> for RootActor {
                 summary,
             },
         );
-        self.session_count_changed(ctx);
-        Ok(())
+        self.session_count_changed();
+        Ok(rx)
+    }
+
+    /// Start a session actor, register it, and list it.
+    pub fn start_session(
+        &mut self,
+        uri: Arc<str>,
+        actor: SessionActor,
+        summary: SessionSummary,
+    ) -> Addr<SessionActor> {
+        let shared = self.core.shared.clone();
+        let hub = actor.hub();
+        let addr = SessionActor::start_in_arbiter(&shared.next_arbiter(), move |_| actor);
+        shared.registry.insert(Channel {
+            uri: uri.clone(),
+            hub,
+            addr: ChannelAddr::Session(addr.clone()),
+            session: Some(uri.clone()),
+        });
+        self.sessions.insert(uri, (addr.clone(), summary));
+        addr
     }
 }
 
@@ -200,7 +250,7 @@ pub struct RemoveSession {
 impl Handler<RemoveSession> for RootActor {
     type Result = Result<(), RpcError>;
 
-    fn handle(&mut self, msg: RemoveSession, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: RemoveSession, _: &mut Self::Context) -> Self::Result {
         let Some((addr, _)) = self.sessions.remove(msg.uri.as_str()) else {
             return Err(RpcError::new(
                 errors::SESSION_NOT_FOUND,
@@ -215,7 +265,7 @@ impl Handler<RemoveSession> for RootActor {
                 session: msg.uri,
             },
         );
-        self.session_count_changed(ctx);
+        self.session_count_changed();
         Ok(())
     }
 }
@@ -306,11 +356,10 @@ pub struct AgentsChanged;
 impl Handler<AgentsChanged> for RootActor {
     type Result = ();
 
-    fn handle(&mut self, _: AgentsChanged, ctx: &mut Self::Context) {
+    fn handle(&mut self, _: AgentsChanged, _: &mut Self::Context) {
         let agents = self.core.shared.providers.infos();
-        self.host_action(
-            ctx,
-            StateAction::RootAgentsChanged(RootAgentsChangedAction { agents }),
-        );
+        self.host_action(StateAction::RootAgentsChanged(RootAgentsChangedAction {
+            agents,
+        }));
     }
 }

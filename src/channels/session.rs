@@ -24,7 +24,12 @@ use super::validate::{self, Rejection};
 use super::{ClientDispatch, SnapshotJson, Subscribe};
 use crate::protocol::{errors, RpcError};
 use crate::publish::Hub;
+use crate::store::{ChannelInfo, ChannelKind};
 use crate::time::now_rfc3339;
+use tokio::sync::oneshot;
+
+/// Answered once a batch is published (or with why it was not).
+pub type Done = oneshot::Sender<Result<(), Rejection>>;
 
 /// Session config key for the approval policy.
 pub const APPROVAL_MODE: &str = "approvalMode";
@@ -47,14 +52,37 @@ impl SessionActor {
         provider: String,
         root: Addr<RootActor>,
     ) -> Self {
-        let now = now_rfc3339();
+        Self::recovered(
+            uri,
+            hub,
+            shared,
+            new_session_state(provider),
+            now_rfc3339(),
+            root,
+        )
+    }
+
+    /// A session rebuilt from the store (its chats are attached after).
+    pub fn recovered(
+        uri: Arc<str>,
+        hub: Arc<Hub>,
+        shared: Arc<Shared>,
+        state: SessionState,
+        created_at: String,
+        root: Addr<RootActor>,
+    ) -> Self {
         Self {
             core: ChannelCore::new(uri, hub, shared),
-            state: new_session_state(provider),
+            state,
             root,
             chats: Vec::new(),
-            created_at: now,
+            created_at,
         }
+    }
+
+    /// The channel's subscriber hub.
+    pub fn hub(&self) -> Arc<Hub> {
+        self.core.hub.clone()
     }
 
     /// The catalog summary root keeps for `listSessions`.
@@ -78,6 +106,16 @@ impl SessionActor {
     }
 
     fn host_actions(&mut self, ctx: &mut Context<Self>, actions: Vec<StateAction>) {
+        self.host_actions_then(ctx, actions, None);
+    }
+
+    /// Reduce and journal host actions; `done` is answered once published.
+    fn host_actions_then(
+        &mut self,
+        ctx: &mut Context<Self>,
+        actions: Vec<StateAction>,
+        done: Option<Done>,
+    ) {
         let mut batch = Vec::new();
         for a in actions {
             match self.reduce(&a) {
@@ -87,23 +125,38 @@ impl SessionActor {
                 }
             }
         }
-        self.commit(ctx, batch);
+        self.commit(ctx, batch, done);
     }
 
-    fn commit(&mut self, ctx: &mut Context<Self>, batch: Vec<Accepted>) {
+    fn commit(&mut self, ctx: &mut Context<Self>, batch: Vec<Accepted>, done: Option<Done>) {
         if batch.is_empty() {
+            if let Some(done) = done {
+                let _ = done.send(Ok(()));
+            }
             return;
         }
         let before = self.summary();
-        let commit = self.core.append(&batch);
+        let state = &self.state;
+        let commit = self.core.append(&batch, Vec::new(), None, || {
+            serde_json::to_string(state).ok()
+        });
         ctx.wait(commit.into_actor(self).map(move |res, act, _| match res {
             Ok(()) => {
                 for a in &batch {
                     act.core.publish(a);
                 }
                 act.report_summary(&before);
+                if let Some(done) = done {
+                    let _ = done.send(Ok(()));
+                }
             }
-            Err(e) => act.core.commit_failed(e, &batch),
+            Err(e) => {
+                let reason = e.to_string();
+                act.core.commit_failed(e, &batch);
+                if let Some(done) = done {
+                    let _ = done.send(Err(Rejection::new(format!("not stored: {reason}"))));
+                }
+            }
         }));
     }
 
@@ -141,15 +194,26 @@ impl SessionActor {
         }
     }
 
-    /// Start a chat actor, register it, and add it to the catalog.
+    /// Start a chat actor, register it and its store entry; returns the
+    /// catalog actions that add it.
     fn add_chat(
         &mut self,
         ctx: &mut Context<Self>,
         uri: Arc<str>,
         title: String,
         make_default: bool,
-    ) {
+    ) -> Vec<StateAction> {
         let shared = self.core.shared.clone();
+        let now = now_rfc3339();
+        // Queued before the catalog actions, so stored no later than they are.
+        drop(shared.journal.create_channel(ChannelInfo {
+            uri: uri.to_string(),
+            kind: ChannelKind::Chat,
+            session: Some(self.core.uri.to_string()),
+            provider: self.state.provider.clone(),
+            title: title.clone(),
+            created_at: now.clone(),
+        }));
         let hub = Arc::new(Hub::default());
         let session = self.core.uri.clone();
         let provider = self.state.provider.clone();
@@ -166,7 +230,6 @@ impl SessionActor {
             session: Some(self.core.uri.clone()),
         });
         self.chats.push((uri.clone(), addr));
-        let now = now_rfc3339();
         let mut actions = vec![StateAction::SessionChatAdded(SessionChatAddedAction {
             summary: ChatSummary {
                 resource: uri.to_string(),
@@ -188,7 +251,7 @@ impl SessionActor {
                 },
             ));
         }
-        self.host_actions(ctx, actions);
+        actions
     }
 
     fn check_config(&self, action: &StateAction) -> Result<(), Rejection> {
@@ -234,14 +297,30 @@ impl Actor for SessionActor {
 pub struct InitSession {
     /// URI of the default chat.
     pub default_chat: Arc<str>,
+    /// Answered once the session is stored and ready.
+    pub done: Done,
 }
 
 impl Handler<InitSession> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: InitSession, ctx: &mut Self::Context) {
-        self.add_chat(ctx, msg.default_chat, "Chat".into(), true);
-        self.host_actions(ctx, vec![StateAction::SessionReady(SessionReadyAction {})]);
+        let mut actions = self.add_chat(ctx, msg.default_chat, "Chat".into(), true);
+        actions.push(StateAction::SessionReady(SessionReadyAction {}));
+        self.host_actions_then(ctx, actions, Some(msg.done));
+    }
+}
+
+/// The chats of a recovered session, started by the server at start-up.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AttachChats(pub Vec<(Arc<str>, Addr<ChatActor>)>);
+
+impl Handler<AttachChats> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AttachChats, _: &mut Self::Context) {
+        self.chats.extend(msg.0);
     }
 }
 
@@ -288,7 +367,7 @@ impl Handler<ClientDispatch> for SessionActor {
             self.core.reject(&conn, &origin, &action, &r.0);
             return;
         }
-        self.commit(ctx, vec![Accepted::new(action, Some((origin, conn)))]);
+        self.commit(ctx, vec![Accepted::new(action, Some((origin, conn)))], None);
     }
 }
 
@@ -373,24 +452,32 @@ pub struct CreateChat {
 }
 
 impl Handler<CreateChat> for SessionActor {
-    type Result = Result<(), RpcError>;
+    type Result = ResponseFuture<Result<(), RpcError>>;
 
     fn handle(&mut self, msg: CreateChat, ctx: &mut Self::Context) -> Self::Result {
         if !msg.chat.starts_with("ahp-chat:/") || msg.chat.len() <= "ahp-chat:/".len() {
-            return Err(RpcError::invalid_params(format!(
+            let e = RpcError::invalid_params(format!(
                 "chat URI `{}` must look like `ahp-chat:/<id>`",
                 msg.chat
-            )));
+            ));
+            return Box::pin(std::future::ready(Err(e)));
         }
         if self.core.shared.registry.contains(&msg.chat) {
-            return Err(RpcError::new(
+            let e = RpcError::new(
                 errors::ALREADY_EXISTS,
                 format!("chat `{}` already exists", msg.chat),
-            ));
+            );
+            return Box::pin(std::future::ready(Err(e)));
         }
         let title = format!("Chat {}", self.chats.len() + 1);
-        self.add_chat(ctx, msg.chat.into(), title, false);
-        Ok(())
+        let actions = self.add_chat(ctx, msg.chat.into(), title, false);
+        let (done, rx) = oneshot::channel();
+        self.host_actions_then(ctx, actions, Some(done));
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| Err(Rejection::new("the session went away")))
+                .map_err(|r| RpcError::internal(r.0))
+        })
     }
 }
 
@@ -469,7 +556,8 @@ impl Handler<GetSessionState> for SessionActor {
     }
 }
 
-fn new_session_state(provider: String) -> SessionState {
+/// The state of a session nobody has written to yet.
+pub fn new_session_state(provider: String) -> SessionState {
     let mut values = serde_json::Map::new();
     values.insert(APPROVAL_MODE.into(), Value::from("ask"));
     let mut properties = std::collections::HashMap::new();
@@ -524,7 +612,8 @@ fn new_session_state(provider: String) -> SessionState {
     }
 }
 
-fn summary_of(uri: &str, s: &SessionState, created_at: &str) -> SessionSummary {
+/// The catalog entry for a session state.
+pub fn summary_of(uri: &str, s: &SessionState, created_at: &str) -> SessionSummary {
     let modified_at = s
         .chats
         .iter()

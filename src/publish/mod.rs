@@ -75,9 +75,18 @@ struct RingEntry {
     envelope: Arc<str>,
 }
 
+/// `serverSeq` values reserved in the store at a time: a restart starts
+/// above the reservation, so the counter never goes backwards.
+const SEQ_BLOCK: u64 = 1 << 20;
+
+/// Durably records a reservation; `false` if the store refused.
+pub type Reserver = Box<dyn Fn(u64) -> bool + Send + Sync>;
+
 struct SeqState {
     /// Last assigned `serverSeq`.
     seq: u64,
+    /// Highest `serverSeq` the store allows before the next reservation.
+    reserved: u64,
     /// Most recent envelopes, oldest first, for `reconnect` replay.
     ring: VecDeque<RingEntry>,
 }
@@ -96,18 +105,27 @@ pub struct Publisher {
     state: Mutex<SeqState>,
     /// Envelopes kept for replay (`--replay-ring-len`).
     ring_len: usize,
+    reserver: Reserver,
 }
 
 impl Publisher {
     /// Start counting after `start_seq` (the highest seq ever handed out, so the
     /// counter never goes backwards across restarts when the store remembers it).
     pub fn new(start_seq: u64, ring_len: usize) -> Self {
+        Self::with_reserver(start_seq, ring_len, Box::new(|_| true))
+    }
+
+    /// A publisher that durably reserves blocks of `serverSeq` before using
+    /// them (the store's `reserve_seq`).
+    pub fn with_reserver(start_seq: u64, ring_len: usize, reserver: Reserver) -> Self {
         Self {
             state: Mutex::new(SeqState {
                 seq: start_seq,
+                reserved: start_seq,
                 ring: VecDeque::with_capacity(ring_len.min(1 << 16)),
             }),
             ring_len,
+            reserver,
         }
     }
 
@@ -136,6 +154,15 @@ impl Publisher {
         let mut st = self.state.lock();
         st.seq += 1;
         let seq = st.seq;
+        if seq > st.reserved {
+            // Rare (once per block): a short synchronous store write.
+            let upto = seq + SEQ_BLOCK;
+            if (self.reserver)(upto) {
+                st.reserved = upto;
+            } else {
+                tracing::error!(upto, "could not reserve serverSeq values in the store");
+            }
+        }
         let envelope: Arc<str> = format!(
             "{{\"channel\":{channel_json},\"action\":{action_json},\"serverSeq\":{seq}{origin_json}}}"
         )

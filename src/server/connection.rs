@@ -362,10 +362,14 @@ impl Connection {
                         format!("no chat `{}`", p.channel),
                     )));
                 };
-                let fut = chat.send(FetchTurns { cursor: p.cursor });
-                ctx.wait(fut.into_actor(self).map(move |res, act, _| {
+                let (reply, rx) = tokio::sync::oneshot::channel();
+                chat.do_send(FetchTurns {
+                    cursor: p.cursor,
+                    reply,
+                });
+                ctx.wait(rx.into_actor(self).map(move |res, act, _| {
                     match res
-                        .map_err(|e| RpcError::internal(e.to_string()))
+                        .map_err(|_| RpcError::internal("the chat went away"))
                         .and_then(|r| r)
                     {
                         Ok(()) => act.reply(&id, &serde_json::json!({})),

@@ -11,6 +11,7 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use anyhow::Context as _;
 
 use crate::channels::core::Shared;
+use crate::channels::recovery::Restore;
 use crate::channels::registry::{Channel, ChannelAddr};
 use crate::channels::root::RootActor;
 use crate::config::Config;
@@ -18,7 +19,7 @@ use crate::providers::scripted::ScriptedAgent;
 use crate::providers::Providers;
 use crate::publish::outbound::CloseCause;
 use crate::publish::Hub;
-use crate::store::{Journal, MemoryJournal};
+use crate::store::{Journal, MemoryJournal, SqliteJournal};
 
 /// What the HTTP handlers need.
 #[derive(Clone)]
@@ -58,7 +59,15 @@ pub async fn run<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    run_with_journal(listener, config, Arc::new(MemoryJournal::new()), shutdown).await
+    let journal: Arc<dyn Journal> = match &config.data_dir {
+        Some(dir) => Arc::new(
+            SqliteJournal::open(dir, config.durability)
+                .map_err(|e| anyhow::anyhow!("{e}"))
+                .context("opening the store (check --data-dir)")?,
+        ),
+        None => Arc::new(MemoryJournal::new()),
+    };
+    run_with_journal(listener, config, journal, shutdown).await
 }
 
 /// [`run`] with a given journal (tests inject one to observe invariant 1).
@@ -82,17 +91,22 @@ where
                     .collect();
                 let providers = Providers::default();
                 providers.register(Arc::new(ScriptedAgent));
+                let started = std::time::Instant::now();
+                let recovered = journal
+                    .recover()
+                    .map_err(|e| anyhow::anyhow!("{e}"))
+                    .context("reading the store")?;
                 let shared = Arc::new(Shared::new(
                     config.clone(),
                     journal,
                     providers,
                     arbiters.iter().map(Arbiter::handle).collect(),
-                    0,
+                    recovered.seq_floor,
                 ));
                 let hub = Arc::new(Hub::default());
                 let (s, h) = (shared.clone(), hub.clone());
-                let root = RootActor::start_in_arbiter(&shared.next_arbiter(), move |_| {
-                    RootActor::new(h, s)
+                let root = RootActor::start_in_arbiter(&shared.next_arbiter(), move |ctx| {
+                    RootActor::new(h, s, ctx.address())
                 });
                 shared.registry.insert(Channel {
                     uri: ahp_types::ROOT_RESOURCE_URI.into(),
@@ -100,6 +114,20 @@ where
                     addr: ChannelAddr::Root(root.clone()),
                     session: None,
                 });
+                let stats = root
+                    .send(Restore(recovered))
+                    .await
+                    .context("restoring the stored sessions")?
+                    .map_err(|e| anyhow::anyhow!("{e}"))
+                    .context("restoring the stored sessions")?;
+                tracing::info!(
+                    sessions = stats.sessions,
+                    chats = stats.chats,
+                    replayed_actions = stats.replayed,
+                    interrupted_turns = stats.interrupted_turns,
+                    ms = started.elapsed().as_millis() as u64,
+                    "store recovered"
+                );
                 let state = AppState {
                     shared: shared.clone(),
                     root,

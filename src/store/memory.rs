@@ -1,15 +1,33 @@
 //! An in-memory journal: the reference behaviour of the trait, used by tests
-//! and by `--store memory`. Appends are immediately "durable" for the life of
-//! the process.
+//! and by `--store memory`. Appends are "durable" for the life of the process;
+//! a server restarted on the same instance recovers from it.
 
-use dashmap::DashMap;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use super::{Commit, Journal, JournalError, Record};
+use parking_lot::Mutex;
 
-/// Keeps every channel's records in a `Vec`.
+use super::{
+    Batch, ChannelInfo, Commit, Journal, JournalError, Record, Recovered, RecoveredChannel,
+    SnapshotRecord,
+};
+
+#[derive(Default)]
+struct Stored {
+    info: Option<ChannelInfo>,
+    order: u64,
+    records: Vec<Record>,
+    snapshot: Option<SnapshotRecord>,
+    turns: BTreeMap<u64, Arc<str>>,
+}
+
+/// Keeps every channel in memory.
 #[derive(Default)]
 pub struct MemoryJournal {
-    channels: DashMap<String, Vec<Record>>,
+    channels: Mutex<BTreeMap<String, Stored>>,
+    next_order: AtomicU64,
+    seq_floor: AtomicU64,
 }
 
 impl MemoryJournal {
@@ -21,16 +39,27 @@ impl MemoryJournal {
     /// A copy of a channel's records (tests use this to check what was stored).
     pub fn records(&self, channel: &str) -> Vec<Record> {
         self.channels
+            .lock()
             .get(channel)
-            .map(|r| r.clone())
+            .map(|s| s.records.clone())
             .unwrap_or_default()
     }
 }
 
 impl Journal for MemoryJournal {
-    fn append(&self, channel: &str, expected_seq: u64, records: Vec<Record>) -> Commit {
-        let mut entry = self.channels.entry(channel.to_owned()).or_default();
-        let found = entry.len() as u64;
+    fn create_channel(&self, info: ChannelInfo) -> Commit {
+        let order = self.next_order.fetch_add(1, Ordering::Relaxed);
+        let mut chans = self.channels.lock();
+        let entry = chans.entry(info.uri.clone()).or_default();
+        entry.info = Some(info);
+        entry.order = order;
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
+        let mut chans = self.channels.lock();
+        let entry = chans.entry(channel.to_owned()).or_default();
+        let found = entry.records.len() as u64;
         let result = if found != expected_seq {
             Err(JournalError::Conflict {
                 channel: channel.to_owned(),
@@ -38,44 +67,150 @@ impl Journal for MemoryJournal {
                 found,
             })
         } else {
-            entry.extend(records);
+            entry.records.extend(batch.records);
+            if let Some(from) = batch.truncate_turns_from {
+                entry.turns.retain(|i, _| *i < from);
+            }
+            for t in batch.turns {
+                entry.turns.insert(t.index, t.json);
+            }
+            if let Some(s) = batch.snapshot {
+                entry.snapshot = Some(s);
+            }
             Ok(())
         };
         Box::pin(std::future::ready(result))
     }
 
     fn remove(&self, channel: &str) {
-        self.channels.remove(channel);
+        self.channels.lock().remove(channel);
     }
 
     fn len(&self, channel: &str) -> u64 {
         self.channels
+            .lock()
             .get(channel)
-            .map(|r| r.len() as u64)
+            .map(|s| s.records.len() as u64)
             .unwrap_or(0)
+    }
+
+    fn turns_before(
+        &self,
+        chat: &str,
+        before: u64,
+        limit: u64,
+    ) -> Result<Vec<Arc<str>>, JournalError> {
+        let chans = self.channels.lock();
+        let Some(s) = chans.get(chat) else {
+            return Ok(Vec::new());
+        };
+        let start = before.saturating_sub(limit);
+        Ok(s.turns
+            .range(start..before)
+            .map(|(_, t)| t.clone())
+            .collect())
+    }
+
+    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
+        self.seq_floor.fetch_max(upto, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn recover(&self) -> Result<Recovered, JournalError> {
+        let chans = self.channels.lock();
+        let mut channels: Vec<(u64, RecoveredChannel)> = chans
+            .values()
+            .filter_map(|s| {
+                let info = s.info.clone()?;
+                let at = s.snapshot.as_ref().map_or(0, |x| x.at_seq) as usize;
+                Some((
+                    s.order,
+                    RecoveredChannel {
+                        info,
+                        snapshot: s.snapshot.clone(),
+                        tail: s.records[at.min(s.records.len())..].to_vec(),
+                        len: s.records.len() as u64,
+                        turn_count: s.turns.keys().next_back().map_or(0, |k| k + 1),
+                    },
+                ))
+            })
+            .collect();
+        channels.sort_by_key(|(o, _)| *o);
+        Ok(Recovered {
+            channels: channels.into_iter().map(|(_, c)| c).collect(),
+            seq_floor: self.seq_floor.load(Ordering::SeqCst),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{ChannelKind, TurnRecord};
 
     #[tokio::test]
     async fn append_is_fenced_by_expected_seq() {
         let j = MemoryJournal::new();
-        j.append("c", 0, vec!["a".into()])
+        j.append("c", 0, Batch::of(vec!["a".into()]))
             .await
             .expect("first append");
         let err = j
-            .append("c", 0, vec!["b".into()])
+            .append("c", 0, Batch::of(vec!["b".into()]))
             .await
             .expect_err("stale writer");
         assert!(matches!(err, JournalError::Conflict { found: 1, .. }));
-        j.append("c", 1, vec!["b".into()])
+        j.append("c", 1, Batch::of(vec!["b".into()]))
             .await
             .expect("next append");
         assert_eq!(j.len("c"), 2);
         j.remove("c");
         assert_eq!(j.len("c"), 0);
+    }
+
+    #[tokio::test]
+    async fn recovery_returns_the_tail_after_the_snapshot_and_pages_turns() {
+        let j = MemoryJournal::new();
+        j.create_channel(ChannelInfo {
+            uri: "ahp-chat:/c".into(),
+            kind: ChannelKind::Chat,
+            session: Some("ahp-session:/s".into()),
+            provider: "scripted".into(),
+            title: "Chat".into(),
+            created_at: "2026-01-01T00:00:00.000Z".into(),
+        })
+        .await
+        .expect("create");
+        let turns = (0..5)
+            .map(|i| TurnRecord {
+                index: i,
+                json: format!("t{i}").into(),
+            })
+            .collect();
+        j.append(
+            "ahp-chat:/c",
+            0,
+            Batch {
+                records: vec!["a".into(), "b".into()],
+                turns,
+                truncate_turns_from: None,
+                snapshot: Some(SnapshotRecord {
+                    at_seq: 1,
+                    state: "s".into(),
+                }),
+            },
+        )
+        .await
+        .expect("append");
+        let r = j.recover().expect("recover");
+        assert_eq!(r.channels.len(), 1);
+        assert_eq!(r.channels[0].tail, vec![Record::from("b")]);
+        assert_eq!(r.channels[0].turn_count, 5);
+        let page: Vec<String> = j
+            .turns_before("ahp-chat:/c", 4, 2)
+            .expect("page")
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        assert_eq!(page, ["t2", "t3"]);
     }
 }

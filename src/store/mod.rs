@@ -2,21 +2,27 @@
 //!
 //! Every accepted action is appended here before anyone sees it (invariant 1:
 //! durable before visible). The trait has the `append(channel, expected_seq)`
-//! shape so a stricter backend can fence a stale writer; `expected_seq` is the
+//! shape so a backend can fence a stale writer; `expected_seq` is the
 //! channel's own count of journaled actions before this batch.
+//!
+//! Besides actions, a batch may carry the turns that ended in it (so history
+//! can be paged with `fetchTurns` without keeping it all in memory) and a
+//! snapshot of the channel's state (so recovery replays only the tail).
 
 pub mod memory;
+pub mod sqlite;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 pub use memory::MemoryJournal;
+pub use sqlite::{Durability, SqliteJournal};
 
 /// A boxed future resolving when a batch is durable.
 pub type Commit = Pin<Box<dyn Future<Output = Result<(), JournalError>> + Send>>;
 
-/// Why a batch was not stored. A failed append is never acknowledged: the
+/// Why a write was not stored. A failed append is never acknowledged: the
 /// action is rejected and nobody sees it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JournalError {
@@ -30,7 +36,7 @@ pub enum JournalError {
         /// Position the journal holds.
         found: u64,
     },
-    /// The store cannot take writes (full disk, read-only, closed).
+    /// The store cannot take writes or reads (full disk, read-only, corrupt).
     #[error("store unavailable: {0}")]
     Unavailable(String),
 }
@@ -38,15 +44,142 @@ pub enum JournalError {
 /// One journaled action: the serialized `StateAction` of a channel.
 pub type Record = Arc<str>;
 
+/// A turn that ended, at its position in the chat's whole history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnRecord {
+    /// 0-based index in the chat's history.
+    pub index: u64,
+    /// The serialized `Turn`.
+    pub json: Arc<str>,
+}
+
+/// A channel's serialized state after its first `at_seq` records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotRecord {
+    /// Records covered by the snapshot.
+    pub at_seq: u64,
+    /// The serialized `ChatState` / `SessionState`.
+    pub state: Arc<str>,
+}
+
+/// What one `append` stores, atomically.
+#[derive(Debug, Default, Clone)]
+pub struct Batch {
+    /// Actions, in order.
+    pub records: Vec<Record>,
+    /// Turns that ended in this batch.
+    pub turns: Vec<TurnRecord>,
+    /// Drop stored turns from this index on (a truncation), before `turns`.
+    pub truncate_turns_from: Option<u64>,
+    /// A snapshot taken after this batch.
+    pub snapshot: Option<SnapshotRecord>,
+}
+
+impl Batch {
+    /// A batch of actions only.
+    pub fn of(records: Vec<Record>) -> Self {
+        Self {
+            records,
+            ..Self::default()
+        }
+    }
+}
+
+/// The kind of a stored channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelKind {
+    /// `ahp-session:/…`
+    Session,
+    /// `ahp-chat:/…`
+    Chat,
+}
+
+impl ChannelKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ChannelKind::Session => "session",
+            ChannelKind::Chat => "chat",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "session" => Some(ChannelKind::Session),
+            "chat" => Some(ChannelKind::Chat),
+            _ => None,
+        }
+    }
+}
+
+/// What is needed to bring a channel's actor back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChannelInfo {
+    /// Channel URI.
+    pub uri: String,
+    /// Session or chat.
+    pub kind: ChannelKind,
+    /// For a chat: its session.
+    pub session: Option<String>,
+    /// Provider id of the session.
+    pub provider: String,
+    /// Initial title.
+    pub title: String,
+    /// Creation time (RFC 3339).
+    pub created_at: String,
+}
+
+/// One channel as stored.
+#[derive(Debug, Clone)]
+pub struct RecoveredChannel {
+    /// Its identity.
+    pub info: ChannelInfo,
+    /// The latest snapshot, if any.
+    pub snapshot: Option<SnapshotRecord>,
+    /// Records after the snapshot, in order.
+    pub tail: Vec<Record>,
+    /// Total records journaled for the channel.
+    pub len: u64,
+    /// Turns stored in its history.
+    pub turn_count: u64,
+}
+
+/// Everything the store holds, for start-up.
+#[derive(Debug, Clone, Default)]
+pub struct Recovered {
+    /// Channels in creation order (sessions before their chats).
+    pub channels: Vec<RecoveredChannel>,
+    /// `serverSeq` must start above this.
+    pub seq_floor: u64,
+}
+
 /// Storage for the action log of every channel.
 pub trait Journal: Send + Sync + 'static {
-    /// Append `records` to `channel`, whose journal must currently hold
-    /// exactly `expected_seq` records. Resolves once durable.
-    fn append(&self, channel: &str, expected_seq: u64, records: Vec<Record>) -> Commit;
+    /// Record a new channel. Resolves once durable.
+    fn create_channel(&self, info: ChannelInfo) -> Commit;
 
-    /// Forget a disposed channel.
+    /// Append `batch` to `channel`, whose journal must currently hold exactly
+    /// `expected_seq` records. Resolves once durable.
+    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit;
+
+    /// Forget a disposed channel and everything stored for it.
     fn remove(&self, channel: &str);
 
     /// Number of records held for `channel`.
     fn len(&self, channel: &str) -> u64;
+
+    /// Up to `limit` stored turns of `chat` just before index `before`,
+    /// oldest first.
+    fn turns_before(
+        &self,
+        chat: &str,
+        before: u64,
+        limit: u64,
+    ) -> Result<Vec<Arc<str>>, JournalError>;
+
+    /// Durably record that `serverSeq` values up to `upto` may be handed out,
+    /// so a restart starts above them.
+    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError>;
+
+    /// Everything stored, for start-up.
+    fn recover(&self) -> Result<Recovered, JournalError>;
 }
