@@ -32,12 +32,16 @@ impl TestServer {
         Self::start_with(Config::default()).await
     }
 
+    /// Start with `config`: the SQLite store when `data_dir` is set, memory
+    /// otherwise.
     pub async fn start_with(config: Config) -> Self {
-        Self::start_with_journal(
-            config,
-            std::sync::Arc::new(tandem::store::MemoryJournal::new()),
-        )
-        .await
+        let journal: std::sync::Arc<dyn tandem::store::Journal> = match &config.data_dir {
+            Some(dir) => std::sync::Arc::new(
+                tandem::store::SqliteJournal::open(dir, config.durability).expect("open the store"),
+            ),
+            None => std::sync::Arc::new(tandem::store::MemoryJournal::new()),
+        };
+        Self::start_with_journal(config, journal).await
     }
 
     pub async fn start_with_journal(
@@ -366,4 +370,84 @@ pub async fn fresh_chat(server: &TestServer, chat: &str) -> ChatState {
     let m = c.subscribe_chat(chat).await;
     c.client.shutdown().await;
     m.state
+}
+
+/// The real `tandem` binary as a child process (for crash tests).
+pub struct ServerProcess {
+    child: std::process::Child,
+    pub addr: SocketAddr,
+}
+
+impl ServerProcess {
+    /// Start `tandem serve` on a free loopback port with `data_dir`; stderr
+    /// goes to `<data_dir>/../<name>.log` for post-mortems.
+    pub fn spawn(data_dir: &std::path::Path, extra: &[&str]) -> Self {
+        use std::io::BufRead;
+        let log = std::fs::File::create(data_dir.with_extension("log")).expect("log file");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(["serve", "--bind", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn tandem");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let addr = line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        Self { child, addr }
+    }
+
+    pub fn url(&self) -> String {
+        format!("ws://{}/ahp", self.addr)
+    }
+
+    pub async fn client(&self, client_id: &str) -> TestClient {
+        // The port is bound before the store is recovered; retry briefly.
+        for _ in 0..100 {
+            if let Ok(t) = ahp_ws::WebSocketTransport::connect(&self.url()).await {
+                let client = Client::connect(t, client_config()).await.expect("client");
+                let events = client.events();
+                let init = client
+                    .initialize(client_id.into(), vec!["1.0.0".into()], vec![])
+                    .await
+                    .expect("initialize");
+                return TestClient {
+                    client,
+                    id: client_id.into(),
+                    events,
+                    init,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("server at {} never accepted a connection", self.addr);
+    }
+
+    /// SIGKILL: no shutdown, no flush, no goodbye.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A fresh directory under the system temp dir.
+pub fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tandem-{tag}-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
 }
