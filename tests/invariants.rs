@@ -11,7 +11,9 @@ use ahp_types::actions::StateAction;
 use ahp_types::state::SessionInputRequest;
 use common::*;
 use serde_json::json;
-use tandem::store::{Batch, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered};
+use tandem::store::{
+    Batch, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered, RecoveredChannel,
+};
 use tokio::sync::Notify;
 
 /// A journal that can hold every append until the test releases it.
@@ -60,6 +62,9 @@ impl Journal for GatedJournal {
     }
     fn recover(&self) -> Result<Recovered, JournalError> {
         self.inner.recover()
+    }
+    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+        self.inner.load_channel(uri)
     }
 }
 
@@ -179,6 +184,93 @@ async fn a_session_only_client_sees_the_rollup_and_answers_without_subscribing_t
         md.iter()
             .any(|m| m.starts_with("settled: answered") && m.contains("from the session")),
         "{md:?}"
+    );
+    server.stop().await;
+}
+
+/// A journal whose appends start failing on demand (a full or read-only disk).
+#[derive(Default)]
+struct FailingJournal {
+    inner: MemoryJournal,
+    fail: AtomicBool,
+}
+
+impl Journal for FailingJournal {
+    fn create_channel(&self, info: ChannelInfo) -> Commit {
+        self.inner.create_channel(info)
+    }
+    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
+        if self.fail.load(Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(JournalError::Unavailable(
+                "disk full".into(),
+            ))));
+        }
+        self.inner.append(channel, expected_seq, batch)
+    }
+    fn remove(&self, channel: &str) {
+        self.inner.remove(channel)
+    }
+    fn len(&self, channel: &str) -> u64 {
+        self.inner.len(channel)
+    }
+    fn turns_before(
+        &self,
+        chat: &str,
+        before: u64,
+        limit: u64,
+    ) -> Result<Vec<Arc<str>>, JournalError> {
+        self.inner.turns_before(chat, before, limit)
+    }
+    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
+        self.inner.reserve_seq(upto)
+    }
+    fn recover(&self) -> Result<Recovered, JournalError> {
+        self.inner.recover()
+    }
+    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+        self.inner.load_channel(uri)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_stops_writing_refuses_new_actions_and_keeps_serving_reads() {
+    let journal = Arc::new(FailingJournal::default());
+    let server = TestServer::start_with_journal(tandem::Config::default(), journal.clone()).await;
+    let mut c = server.client("c").await;
+    let (_s, chat) = c.create_session().await;
+    let before = c.subscribe_chat(&chat).await.state;
+
+    journal.fail.store(true, Ordering::SeqCst);
+    let draft = |t: &str| {
+        action(
+            json!({"type": "chat/draftChanged", "draft": {"text": t, "origin": {"kind": "user"}}}),
+        )
+    };
+    let first = c.dispatch(&chat, draft("not stored")).await;
+    let echo = c.wait_echo(None, first).await;
+    assert!(
+        echo.rejection_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("not stored") && r.contains("disk full")),
+        "{:?}",
+        echo.rejection_reason
+    );
+    let second = c.dispatch(&chat, draft("still not")).await;
+    let echo = c.wait_echo(None, second).await;
+    assert!(
+        echo.rejection_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("read-only")),
+        "{:?}",
+        echo.rejection_reason
+    );
+
+    // Reads keep working, and nothing unstored is visible.
+    let other = server.client("reader").await;
+    let now = other.subscribe_chat(&chat).await.state;
+    assert_eq!(
+        now.draft, before.draft,
+        "an action the store refused is not visible"
     );
     server.stop().await;
 }

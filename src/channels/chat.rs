@@ -76,6 +76,9 @@ pub struct ChatActor {
     pending_truncate: Option<u64>,
     /// Recovered with a turn that was running when the server stopped.
     crashed_turn: bool,
+    /// A failed append could not be rolled back: the in-memory state may hold
+    /// what the store does not, so it is not served.
+    unreadable: bool,
 }
 
 impl ChatActor {
@@ -127,6 +130,43 @@ impl ChatActor {
             turn_base,
             pending_turns: Vec::new(),
             pending_truncate: None,
+            unreadable: false,
+        }
+    }
+
+    /// After a failed append: go back to what the store holds (what clients
+    /// saw), and settle every open interaction — the chat takes no more writes.
+    fn roll_back(&mut self) {
+        self.pending_turns.clear();
+        self.pending_truncate = None;
+        match self.core.shared.journal.load_channel(&self.core.uri) {
+            Ok(Some(c)) => match super::recovery::rebuild(&c, usize::MAX) {
+                Ok(super::recovery::Rebuilt::Chat(state, base)) => {
+                    self.state = *state;
+                    self.turn_base = base;
+                }
+                Ok(_) => tracing::error!(chat = %self.core.uri, "stored channel is not a chat"),
+                Err(e) => {
+                    tracing::error!(chat = %self.core.uri, error = %e, "cannot rebuild the chat")
+                }
+            },
+            Ok(None) => self.state = new_chat_state(&self.core.uri, self.state.title.clone()),
+            Err(e) => {
+                tracing::error!(chat = %self.core.uri, error = %e, "cannot read the store to roll back");
+                self.unreadable = true;
+            }
+        }
+        for p in std::mem::take(&mut self.inputs).into_values() {
+            let _ = p.reply.send(Settlement::with_reason(
+                Outcome::Aborted,
+                "the store is unavailable",
+            ));
+        }
+        for p in std::mem::take(&mut self.tools).into_values() {
+            let _ = p.reply.send(Settlement::with_reason(
+                Outcome::Aborted,
+                "the store is unavailable",
+            ));
         }
     }
 
@@ -239,6 +279,7 @@ impl ChatActor {
             Err(e) => {
                 let reason = e.to_string();
                 act.core.commit_failed(e, &batch);
+                act.roll_back();
                 if let Some(done) = done {
                     let _ = done.send(Err(Rejection::new(format!("not stored: {reason}"))));
                 }

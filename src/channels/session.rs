@@ -80,6 +80,22 @@ impl SessionActor {
         }
     }
 
+    /// After a failed append: go back to what the store holds.
+    fn roll_back(&mut self) {
+        match self.core.shared.journal.load_channel(&self.core.uri) {
+            Ok(Some(c)) => match super::recovery::rebuild(&c, usize::MAX) {
+                Ok(super::recovery::Rebuilt::Session(state)) => self.state = *state,
+                _ => tracing::error!(session = %self.core.uri, "cannot rebuild the session"),
+            },
+            Ok(None) => {
+                tracing::error!(session = %self.core.uri, "the session is not in the store")
+            }
+            Err(e) => {
+                tracing::error!(session = %self.core.uri, error = %e, "cannot read the store to roll back")
+            }
+        }
+    }
+
     /// The channel's subscriber hub.
     pub fn hub(&self) -> Arc<Hub> {
         self.core.hub.clone()
@@ -153,6 +169,7 @@ impl SessionActor {
             Err(e) => {
                 let reason = e.to_string();
                 act.core.commit_failed(e, &batch);
+                act.roll_back();
                 if let Some(done) = done {
                     let _ = done.send(Err(Rejection::new(format!("not stored: {reason}"))));
                 }

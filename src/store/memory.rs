@@ -116,6 +116,14 @@ impl Journal for MemoryJournal {
         Ok(())
     }
 
+    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+        Ok(self
+            .recover()?
+            .channels
+            .into_iter()
+            .find(|c| c.info.uri == uri))
+    }
+
     fn recover(&self) -> Result<Recovered, JournalError> {
         let chans = self.channels.lock();
         let mut channels: Vec<(u64, RecoveredChannel)> = chans

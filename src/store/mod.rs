@@ -182,4 +182,7 @@ pub trait Journal: Send + Sync + 'static {
 
     /// Everything stored, for start-up.
     fn recover(&self) -> Result<Recovered, JournalError>;
+
+    /// One channel as stored (to roll its state back after a failed append).
+    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError>;
 }

@@ -216,6 +216,75 @@ impl Journal for SqliteJournal {
         rx.recv().unwrap_or_else(|_| Err(closed()))
     }
 
+    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+        let conn = self.reader.lock();
+        let row = conn
+            .query_row(
+                "SELECT kind, session, provider, title, created_at, len FROM channels WHERE uri = ?1",
+                [uri],
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Option<String>>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, String>(4)?,
+                        r.get::<_, i64>(5)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(unavailable)?;
+        let Some((kind, session, provider, title, created_at, len)) = row else {
+            return Ok(None);
+        };
+        let kind = ChannelKind::parse(&kind)
+            .ok_or_else(|| unavailable(format!("channel {uri} has an unknown kind `{kind}`")))?;
+        let snapshot = conn
+            .query_row(
+                "SELECT at_seq, state FROM snapshots WHERE channel = ?1",
+                [uri],
+                |r| {
+                    Ok(SnapshotRecord {
+                        at_seq: r.get::<_, i64>(0)? as u64,
+                        state: r.get::<_, String>(1)?.into(),
+                    })
+                },
+            )
+            .optional()
+            .map_err(unavailable)?;
+        let from = snapshot.as_ref().map_or(0, |s| s.at_seq) as i64;
+        let mut stmt = conn
+            .prepare("SELECT action FROM actions WHERE channel = ?1 AND seq >= ?2 ORDER BY seq")
+            .map_err(unavailable)?;
+        let tail = stmt
+            .query_map(params![uri, from], |r| r.get::<_, String>(0))
+            .map_err(unavailable)?
+            .map(|r| r.map(Record::from).map_err(unavailable))
+            .collect::<Result<Vec<_>, _>>()?;
+        let turn_count: i64 = conn
+            .query_row(
+                "SELECT COALESCE(MAX(idx) + 1, 0) FROM turns WHERE chat = ?1",
+                [uri],
+                |r| r.get(0),
+            )
+            .map_err(unavailable)?;
+        Ok(Some(RecoveredChannel {
+            info: ChannelInfo {
+                uri: uri.to_owned(),
+                kind,
+                session,
+                provider,
+                title,
+                created_at,
+            },
+            snapshot,
+            tail,
+            len: len as u64,
+            turn_count: turn_count as u64,
+        }))
+    }
+
     fn recover(&self) -> Result<Recovered, JournalError> {
         let conn = self.reader.lock();
         let seq_floor: u64 = conn
