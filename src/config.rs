@@ -26,6 +26,8 @@ pub struct Config {
     pub turns_window: usize,
     /// Turns one `fetchTurns` loads.
     pub turns_page: u64,
+    /// How long a disconnected provider's turns wait for it to come back.
+    pub provider_grace: Duration,
     /// Unsent bytes a connection may queue before it is evicted.
     pub outbound_limit_bytes: usize,
     /// Largest accepted WebSocket frame.
@@ -51,6 +53,7 @@ impl Default for Config {
             replay_ring_len: 100_000,
             max_replay_bytes: 4 * 1024 * 1024,
             snapshot_every: 64,
+            provider_grace: Duration::from_secs(10),
             turns_window: 50,
             turns_page: 50,
             outbound_limit_bytes: 8 * 1024 * 1024,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use ahp::reducers::{apply_action_to_chat, ReduceOutcome};
 use ahp_types::actions::{
-    ChatErrorAction, ChatInputCompletedAction, ChatInputRequestedAction,
+    ActionOrigin, ChatErrorAction, ChatInputCompletedAction, ChatInputRequestedAction,
     ChatPendingMessageRemovedAction, ChatToolCallReadyAction, ChatToolCallStartAction,
     ChatTurnStartedAction, StateAction,
 };
@@ -25,13 +25,15 @@ use tokio::sync::oneshot;
 
 use super::core::{Accepted, ChannelCore, Shared};
 use super::rollup;
-use super::session::{ChatSummaryChanged, RollupChanged, SessionActor};
+use super::session::{
+    ApprovalCheckpoint, ChatSummaryChanged, GrantTool, RollupChanged, SessionActor, TurnCheckpoint,
+};
 use super::validate::{self, Rejection};
 use super::{ClientDispatch, SnapshotJson, Subscribe};
-use crate::interactions::{tool_options, Interaction, Outcome, Settlement};
+use crate::interactions::{form, tool_options, Interaction, Outcome, Settlement};
 use crate::protocol::RpcError;
 use crate::providers::{AgentTurn, ChatHandle};
-use crate::publish::Hub;
+use crate::publish::{Hub, Outbound};
 use crate::store::TurnRecord;
 use crate::time::{millis_since, now_rfc3339};
 
@@ -44,6 +46,8 @@ struct PendingInput {
     /// Set when the host completes the request for a reason of its own
     /// (timeout, clarification), so the completion settles with that outcome.
     forced: Option<Settlement>,
+    /// For a form: the schema the accepted answers become `content` for.
+    form_schema: Option<serde_json::Value>,
 }
 
 /// A tool call waiting for confirmation.
@@ -79,6 +83,8 @@ pub struct ChatActor {
     /// A failed append could not be rolled back: the in-memory state may hold
     /// what the store does not, so it is not served.
     unreadable: bool,
+    /// `serverSeq` of the envelope that opened each roll-up entry.
+    opened: HashMap<String, u64>,
 }
 
 impl ChatActor {
@@ -131,6 +137,7 @@ impl ChatActor {
             pending_turns: Vec::new(),
             pending_truncate: None,
             unreadable: false,
+            opened: HashMap::new(),
         }
     }
 
@@ -266,7 +273,8 @@ impl ChatActor {
         ctx.wait(commit.into_actor(self).map(move |res, act, ctx| match res {
             Ok(()) => {
                 for a in &batch {
-                    act.core.publish(a);
+                    let seq = act.core.publish(a);
+                    act.note_opened(&a.action, seq.0);
                 }
                 for a in batch {
                     act.after_publish(ctx, a.action);
@@ -290,7 +298,10 @@ impl ChatActor {
     /// Effects of a published action: settlements, agent turns, queued turns.
     fn after_publish(&mut self, ctx: &mut Context<Self>, action: StateAction) {
         match action {
-            StateAction::ChatTurnStarted(a) => self.start_agent_turn(ctx, a),
+            StateAction::ChatTurnStarted(a) => {
+                self.session_addr.do_send(TurnCheckpoint);
+                self.start_agent_turn(ctx, a);
+            }
             StateAction::ChatTurnCancelled(a) => {
                 self.settle_turn(&a.turn_id, Outcome::Interrupted, "the turn was cancelled");
                 if let Some(agent) = self.core.shared.providers.get(&self.provider) {
@@ -312,10 +323,16 @@ impl ChatActor {
                 }
             }
             StateAction::ChatTurnComplete(a) => {
+                if let Some(agent) = self.core.shared.providers.get(&self.provider) {
+                    agent.turn_ended(&self.core.uri, &a.turn_id);
+                }
                 self.settle_turn(&a.turn_id, Outcome::Aborted, "the turn ended");
                 self.start_queued(ctx);
             }
             StateAction::ChatError(a) => {
+                if let Some(agent) = self.core.shared.providers.get(&self.provider) {
+                    agent.turn_ended(&self.core.uri, &a.turn_id);
+                }
                 self.settle_turn(&a.turn_id, Outcome::Aborted, "the turn ended with an error");
                 self.start_queued(ctx);
             }
@@ -326,6 +343,14 @@ impl ChatActor {
             }
             StateAction::ChatInputCompleted(a) => self.settle_input_completed(&a),
             StateAction::ChatToolCallConfirmed(a) => {
+                if a.approved
+                    && a.selected_option_id.as_deref()
+                        == Some(crate::interactions::options::APPROVE_SESSION)
+                {
+                    if let Some(name) = tool_name_of(&self.state, &a.tool_call_id) {
+                        self.session_addr.do_send(GrantTool { tool_name: name });
+                    }
+                }
                 if let Some(p) = self.tools.remove(&a.tool_call_id) {
                     let s = if a.approved {
                         Settlement {
@@ -404,9 +429,18 @@ impl ChatActor {
         let Some(p) = self.inputs.remove(&a.request_id) else {
             return;
         };
-        let answers = find_input(&self.state, &a.request_id)
-            .and_then(|r| r.answers.clone())
-            .map(|m| m.into_iter().collect());
+        let raw_answers = find_input(&self.state, &a.request_id).and_then(|r| r.answers.clone());
+        let content = match (&p.form_schema, a.response) {
+            (Some(schema), ChatInputResponseKind::Accept) => {
+                let c = form::content(schema, &raw_answers.clone().unwrap_or_default());
+                if let Err(e) = form::validate(schema, &c) {
+                    tracing::warn!(chat = %self.core.uri, error = %e, "form content does not validate");
+                }
+                Some(c)
+            }
+            _ => None,
+        };
+        let answers = raw_answers.map(|m| m.into_iter().collect());
         let settlement = match p.forced {
             Some(forced) => Settlement {
                 response: Some(a.response),
@@ -415,6 +449,7 @@ impl ChatActor {
             None => Settlement {
                 response: Some(a.response),
                 answers,
+                content,
                 ..Settlement::bare(match a.response {
                     ChatInputResponseKind::Accept => Outcome::Answered,
                     ChatInputResponseKind::Decline => Outcome::Declined,
@@ -481,9 +516,28 @@ impl ChatActor {
         }
     }
 
+    /// Remember which envelope opened an interaction (for `listPending`).
+    fn note_opened(&mut self, action: &StateAction, seq: u64) {
+        let id = match action {
+            StateAction::ChatInputRequested(r) => {
+                rollup::input_entry_id(&self.core.uri, &r.request.id)
+            }
+            StateAction::ChatToolCallReady(r) if r.confirmed.is_none() => {
+                rollup::tool_entry_id(&self.core.uri, &r.tool_call_id)
+            }
+            _ => return,
+        };
+        self.opened.entry(id).or_insert(seq);
+    }
+
     /// Tell the session what changed in the roll-up and the catalog entry.
     fn report_to_session(&mut self) {
         let items = rollup::open_items(&self.core.uri, &self.state);
+        self.opened.retain(|id, _| {
+            items
+                .iter()
+                .any(|i| rollup::entry_id(i) == Some(id.as_str()))
+        });
         let (set, removed) = rollup::diff(&self.rollup, &items);
         if !set.is_empty() || !removed.is_empty() {
             self.session_addr.do_send(RollupChanged { set, removed });
@@ -527,6 +581,30 @@ impl ChatActor {
                 };
                 self.open_input(ctx, turn_id, request, None, reply)
             }
+            Interaction::Form { message, schema } => {
+                let questions = match form::questions(&schema) {
+                    Ok(q) => q,
+                    Err(e) => {
+                        let _ = reply.send(Settlement::with_reason(
+                            Outcome::Aborted,
+                            format!("the form schema is not supported: {e}"),
+                        ));
+                        return;
+                    }
+                };
+                let request = ChatInputRequest {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    message: Some(message),
+                    url: None,
+                    questions: Some(questions),
+                    answers: None,
+                };
+                let id = request.id.clone();
+                self.open_input(ctx, turn_id, request, None, reply);
+                if let Some(p) = self.inputs.get_mut(&id) {
+                    p.form_schema = Some(schema);
+                }
+            }
             Interaction::ToolApproval {
                 tool_call_id,
                 tool_name,
@@ -534,47 +612,105 @@ impl ChatActor {
                 read_only,
                 editable,
             } => {
-                let mut actions = Vec::new();
-                if find_tool(&self.state, &tool_call_id).is_none() {
-                    actions.push(StateAction::ChatToolCallStart(ChatToolCallStartAction {
-                        turn_id: turn_id.clone(),
-                        tool_call_id: tool_call_id.clone(),
-                        meta: None,
-                        tool_name: tool_name.clone(),
-                        display_name: tool_name.clone(),
-                        intention: None,
-                        contributor: None,
-                    }));
+                if read_only {
+                    self.open_tool(
+                        ctx,
+                        turn_id,
+                        tool_call_id,
+                        tool_name,
+                        input,
+                        editable,
+                        Some(ToolCallConfirmationReason::NotNeeded),
+                        reply,
+                    );
+                    return;
                 }
-                let auto = read_only.then_some(ToolCallConfirmationReason::NotNeeded);
-                actions.push(StateAction::ChatToolCallReady(ChatToolCallReadyAction {
-                    turn_id: turn_id.clone(),
-                    tool_call_id: tool_call_id.clone(),
-                    meta: None,
-                    contributor: None,
-                    intention: None,
-                    invocation_message: format!("Run `{tool_name}`").into(),
-                    tool_input: Some(ToolInput::Inline(input)),
-                    confirmation_title: Some(format!("Allow `{tool_name}`?").into()),
-                    risk_assessment: None,
-                    edits: None,
-                    editable: Some(editable),
-                    confirmed: auto.clone(),
-                    options: auto.is_none().then(tool_options),
+                // The approval checkpoint: the session's policy as of now.
+                let check = self.session_addr.send(ApprovalCheckpoint {
+                    tool_name: tool_name.clone(),
+                });
+                ctx.wait(check.into_actor(self).map(move |auto, act, ctx| {
+                    let auto = auto.ok().flatten();
+                    act.open_tool(
+                        ctx,
+                        turn_id,
+                        tool_call_id,
+                        tool_name,
+                        input,
+                        editable,
+                        auto,
+                        reply,
+                    );
                 }));
-                if auto.is_some() {
-                    let _ = reply.send(Settlement {
-                        approved: Some(true),
-                        reason: Some("read-only tool".into()),
-                        ..Settlement::bare(Outcome::Approved)
-                    });
-                } else {
-                    self.tools
-                        .insert(tool_call_id, PendingTool { turn_id, reply });
-                }
-                self.host_actions(ctx, actions);
             }
         }
+    }
+
+    /// Put a tool call up for confirmation, or auto-confirm it with `auto`.
+    #[allow(clippy::too_many_arguments)]
+    fn open_tool(
+        &mut self,
+        ctx: &mut Context<Self>,
+        turn_id: String,
+        tool_call_id: String,
+        tool_name: String,
+        input: String,
+        editable: bool,
+        auto: Option<ToolCallConfirmationReason>,
+        reply: oneshot::Sender<Settlement>,
+    ) {
+        if self.state.active_turn.as_ref().map(|t| t.id.as_str()) != Some(turn_id.as_str()) {
+            let _ = reply.send(Settlement::with_reason(
+                Outcome::Aborted,
+                format!("turn `{turn_id}` is not active"),
+            ));
+            return;
+        }
+        let mut actions = Vec::new();
+        if find_tool(&self.state, &tool_call_id).is_none() {
+            actions.push(StateAction::ChatToolCallStart(ChatToolCallStartAction {
+                turn_id: turn_id.clone(),
+                tool_call_id: tool_call_id.clone(),
+                meta: None,
+                tool_name: tool_name.clone(),
+                display_name: tool_name.clone(),
+                intention: None,
+                contributor: None,
+            }));
+        }
+        actions.push(StateAction::ChatToolCallReady(ChatToolCallReadyAction {
+            turn_id: turn_id.clone(),
+            tool_call_id: tool_call_id.clone(),
+            meta: None,
+            contributor: None,
+            intention: None,
+            invocation_message: format!("Run `{tool_name}`").into(),
+            tool_input: Some(ToolInput::Inline(input)),
+            confirmation_title: Some(format!("Allow `{tool_name}`?").into()),
+            risk_assessment: None,
+            edits: None,
+            editable: Some(editable),
+            confirmed: auto.clone(),
+            options: auto.is_none().then(tool_options),
+        }));
+        match auto {
+            Some(reason) => {
+                let why = match reason {
+                    ToolCallConfirmationReason::NotNeeded => "read-only tool",
+                    _ => "allowed by the session's approval policy",
+                };
+                let _ = reply.send(Settlement {
+                    approved: Some(true),
+                    reason: Some(why.into()),
+                    ..Settlement::bare(Outcome::Approved)
+                });
+            }
+            None => {
+                self.tools
+                    .insert(tool_call_id, PendingTool { turn_id, reply });
+            }
+        }
+        self.host_actions(ctx, actions);
     }
 
     fn open_input(
@@ -604,6 +740,7 @@ impl ChatActor {
                 reply,
                 engaged: false,
                 forced: None,
+                form_schema: None,
             },
         );
         self.host_actions(
@@ -670,7 +807,16 @@ impl Handler<ClientDispatch> for ChatActor {
             conn,
             origin,
             action,
+            as_agent,
         } = msg;
+        if as_agent {
+            if let StateAction::ChatTurnStarted(_) = action {
+                // The provider can also start turns like a client would.
+            } else {
+                self.agent_action(ctx, action, Some((origin, conn)), None);
+                return;
+            }
+        }
         if let Some(e) = &self.core.store_failed {
             let reason = format!("the store is unavailable ({e}); the chat is read-only");
             self.core.reject(&conn, &origin, &action, &reason);
@@ -707,6 +853,9 @@ impl Handler<Subscribe> for ChatActor {
     }
 }
 
+/// `_meta` key by which an agent declares a tool call read-only.
+pub const READ_ONLY_META: &str = "tandem/readOnly";
+
 /// An action from the chat's agent (`chat/delta`, `chat/turnComplete`, …).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -721,23 +870,92 @@ impl Handler<AgentAction> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, msg: AgentAction, ctx: &mut Self::Context) {
+        self.agent_action(ctx, msg.action, None, Some(msg.reply));
+    }
+}
+
+impl ChatActor {
+    /// An action from the chat's agent — in process, or dispatched by the
+    /// session's provider connection (`origin` then gets the echo).
+    fn agent_action(
+        &mut self,
+        ctx: &mut Context<Self>,
+        action: StateAction,
+        origin: Option<(ActionOrigin, Arc<Outbound>)>,
+        done: Option<oneshot::Sender<Result<(), Rejection>>>,
+    ) {
+        let refuse = |act: &Self,
+                      origin: &Option<(ActionOrigin, Arc<Outbound>)>,
+                      done: Option<oneshot::Sender<Result<(), Rejection>>>,
+                      action: &StateAction,
+                      r: Rejection| {
+            if let Some((o, c)) = origin {
+                act.core.reject(c, o, action, &r.0);
+            }
+            if let Some(done) = done {
+                let _ = done.send(Err(r));
+            }
+        };
         if let Some(e) = &self.core.store_failed {
-            let _ = msg.reply.send(Err(Rejection::new(format!(
-                "the store is unavailable ({e})"
-            ))));
-            return;
+            let r = Rejection::new(format!(
+                "the store is unavailable ({e}); the chat is read-only"
+            ));
+            return refuse(self, &origin, done, &action, r);
         }
-        if let StateAction::ChatTurnStarted(_) | StateAction::Unknown(_) = msg.action {
-            let _ = msg.reply.send(Err(Rejection::new(format!(
-                "`{}` cannot be sent by an agent",
-                validate::action_type(&msg.action)
-            ))));
-            return;
+        if let StateAction::Unknown(raw) = &action {
+            return refuse(
+                self,
+                &origin,
+                done,
+                &action,
+                Rejection::new(validate::malformed_reason(raw)),
+            );
         }
-        match self.reduce(&msg.action) {
-            Ok(()) => self.commit(ctx, vec![Accepted::new(msg.action, None)], Some(msg.reply)),
+        // Default safety: an agent may not confirm a tool that changes data on
+        // its own; only read-only tools, the session's mode or a grant can.
+        if let StateAction::ChatToolCallReady(r) = &action {
+            let read_only = r
+                .meta
+                .as_ref()
+                .and_then(|m| m.get(READ_ONLY_META))
+                .and_then(serde_json::Value::as_bool)
+                == Some(true);
+            if r.confirmed.is_some() && !read_only {
+                let tool_name = tool_name_of(&self.state, &r.tool_call_id).unwrap_or_default();
+                let check = self.session_addr.send(ApprovalCheckpoint { tool_name });
+                let mut ready = r.clone();
+                ctx.wait(check.into_actor(self).map(move |auto, act, ctx| {
+                    match auto.ok().flatten() {
+                        Some(reason) => ready.confirmed = Some(reason),
+                        None => {
+                            ready.confirmed = None;
+                            ready.options.get_or_insert_with(tool_options);
+                        }
+                    }
+                    act.agent_commit(ctx, StateAction::ChatToolCallReady(ready), origin, done);
+                }));
+                return;
+            }
+        }
+        self.agent_commit(ctx, action, origin, done);
+    }
+
+    fn agent_commit(
+        &mut self,
+        ctx: &mut Context<Self>,
+        action: StateAction,
+        origin: Option<(ActionOrigin, Arc<Outbound>)>,
+        done: Option<oneshot::Sender<Result<(), Rejection>>>,
+    ) {
+        match self.reduce(&action) {
+            Ok(()) => self.commit(ctx, vec![Accepted::new(action, origin)], done),
             Err(r) => {
-                let _ = msg.reply.send(Err(r));
+                if let Some((o, c)) = &origin {
+                    self.core.reject(c, o, &action, &r.0);
+                }
+                if let Some(done) = done {
+                    let _ = done.send(Err(r));
+                }
             }
         }
     }
@@ -767,6 +985,74 @@ impl Handler<Interact> for ChatActor {
             return;
         }
         self.open_interaction(ctx, msg);
+    }
+}
+
+/// One unsettled interaction, for `tandem/listPending`.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingItem {
+    /// `input` or `toolApproval`.
+    pub kind: &'static str,
+    /// The chat it waits in.
+    pub chat: String,
+    /// Its turn.
+    pub turn_id: String,
+    /// For an input request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// For a tool approval.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// `serverSeq` of the envelope that opened it.
+    pub server_seq: u64,
+}
+
+/// Everything unsettled in this chat.
+#[derive(Message)]
+#[rtype(result = "Vec<PendingItem>")]
+pub struct GetPending;
+
+impl Handler<GetPending> for ChatActor {
+    type Result = MessageResult<GetPending>;
+
+    fn handle(&mut self, _: GetPending, _: &mut Self::Context) -> Self::Result {
+        let turn_id = self
+            .state
+            .active_turn
+            .as_ref()
+            .map(|t| t.id.clone())
+            .unwrap_or_default();
+        let items = rollup::open_items(&self.core.uri, &self.state)
+            .into_iter()
+            .filter_map(|i| {
+                let seq = rollup::entry_id(&i).and_then(|id| self.opened.get(id)).copied().unwrap_or(0);
+                match i {
+                    SessionInputRequest::ChatInput(r) => Some(PendingItem {
+                        kind: "input",
+                        chat: r.chat,
+                        turn_id: turn_id.clone(),
+                        request_id: Some(r.request.id),
+                        tool_call_id: None,
+                        server_seq: seq,
+                    }),
+                    SessionInputRequest::ToolConfirmation(r) => Some(PendingItem {
+                        kind: "toolApproval",
+                        chat: r.chat,
+                        turn_id: r.turn_id,
+                        request_id: None,
+                        tool_call_id: Some(match &r.tool_call {
+                            ahp_types::state::ToolCallConfirmationState::PendingConfirmation(p) => p.tool_call_id.clone(),
+                            ahp_types::state::ToolCallConfirmationState::PendingResultConfirmation(p) => p.tool_call_id.clone(),
+                            ahp_types::state::ToolCallConfirmationState::Unknown(_) => return None,
+                        }),
+                        server_seq: seq,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect();
+        MessageResult(items)
     }
 }
 
@@ -905,6 +1191,27 @@ fn find_input<'a>(state: &'a ChatState, request_id: &str) -> Option<&'a ChatInpu
             ResponsePart::InputRequest(i) if i.request.id == request_id => Some(&i.request),
             _ => None,
         })
+}
+
+/// The tool name of a call in the active turn.
+fn tool_name_of(state: &ChatState, tool_call_id: &str) -> Option<String> {
+    use ahp_types::state::ToolCallState as T;
+    find_tool(state, tool_call_id).and_then(|p| match p {
+        ResponsePart::ToolCall(tc) => Some(
+            match &tc.tool_call {
+                T::Streaming(s) => &s.tool_name,
+                T::PendingConfirmation(s) => &s.tool_name,
+                T::Running(s) => &s.tool_name,
+                T::AuthRequired(s) => &s.tool_name,
+                T::PendingResultConfirmation(s) => &s.tool_name,
+                T::Completed(s) => &s.tool_name,
+                T::Cancelled(s) => &s.tool_name,
+                T::Unknown(_) => return None,
+            }
+            .clone(),
+        ),
+        _ => None,
+    })
 }
 
 fn find_tool<'a>(state: &'a ChatState, tool_call_id: &str) -> Option<&'a ResponsePart> {

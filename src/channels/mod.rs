@@ -36,6 +36,9 @@ pub struct ClientDispatch {
     pub origin: ActionOrigin,
     /// The action as decoded.
     pub action: StateAction,
+    /// The dispatcher is the connection of the session's provider: the action
+    /// is checked as an agent's (server-side actions allowed) not a client's.
+    pub as_agent: bool,
 }
 
 /// Subscribe a connection. The actor registers it under the publisher lock and

@@ -171,6 +171,7 @@ impl Handler<Restore> for RootActor {
                         hub,
                         addr: ChannelAddr::Chat(addr.clone()),
                         session: Some(session_uri.as_str().into()),
+                        provider: Some(c.info.provider.as_str().into()),
                     });
                     attach.entry(session_uri).or_default().push((uri, addr));
                     stats.chats += 1;

@@ -32,6 +32,8 @@ pub struct Channel {
     pub addr: ChannelAddr,
     /// For chats and sessions: the owning session URI.
     pub session: Option<Arc<str>>,
+    /// For chats and sessions: the session's provider id.
+    pub provider: Option<Arc<str>>,
 }
 
 /// Every live channel by URI.

@@ -227,12 +227,14 @@ impl RootActor {
     ) -> Addr<SessionActor> {
         let shared = self.core.shared.clone();
         let hub = actor.hub();
+        let provider: Arc<str> = summary.provider.as_str().into();
         let addr = SessionActor::start_in_arbiter(&shared.next_arbiter(), move |_| actor);
         shared.registry.insert(Channel {
             uri: uri.clone(),
             hub,
             addr: ChannelAddr::Session(addr.clone()),
             session: Some(uri.clone()),
+            provider: Some(provider),
         });
         self.sessions.insert(uri, (addr.clone(), summary));
         addr

@@ -13,6 +13,7 @@ use ahp_types::notifications::PartialSessionSummary;
 use ahp_types::state::{
     ChatSummary, SessionConfigPropertySchema, SessionConfigSchema, SessionConfigState,
     SessionInputRequest, SessionLifecycle, SessionState, SessionStatus, SessionSummary,
+    ToolCallConfirmationReason,
 };
 use serde_json::Value;
 
@@ -33,6 +34,14 @@ pub type Done = oneshot::Sender<Result<(), Rejection>>;
 
 /// Session config key for the approval policy.
 pub const APPROVAL_MODE: &str = "approvalMode";
+/// `_meta` key: the approval mode in effect (it follows the configured one at
+/// the next approval checkpoint).
+pub const EFFECTIVE_MODE_META: &str = "tandem/effectiveApprovalMode";
+/// `_meta` key: tool names approved for the whole session.
+pub const GRANTS_META: &str = "tandem/toolGrants";
+
+/// The approval mode where tool calls run without asking.
+pub const ALWAYS_ALLOW: &str = "always-allow";
 
 /// One session channel.
 pub struct SessionActor {
@@ -245,6 +254,7 @@ impl SessionActor {
             hub,
             addr: ChannelAddr::Chat(addr.clone()),
             session: Some(self.core.uri.clone()),
+            provider: Some(self.state.provider.as_str().into()),
         });
         self.chats.push((uri.clone(), addr));
         let mut actions = vec![StateAction::SessionChatAdded(SessionChatAddedAction {
@@ -349,6 +359,7 @@ impl Handler<ClientDispatch> for SessionActor {
             conn,
             origin,
             action,
+            ..
         } = msg;
         if let Some(e) = &self.core.store_failed {
             let reason = format!("the store is unavailable ({e}); the session is read-only");
@@ -401,6 +412,107 @@ impl Handler<Subscribe> for SessionActor {
             .subscribe_at(&core.hub, &msg.conn, |from| {
                 SnapshotJson::new(&core.uri, &state, from)
             }))
+    }
+}
+
+/// A tool call needs approval: apply any pending approval-mode change (this is
+/// a checkpoint) and say whether policy confirms it without asking.
+#[derive(Message)]
+#[rtype(result = "Option<ToolCallConfirmationReason>")]
+pub struct ApprovalCheckpoint {
+    /// The tool being called.
+    pub tool_name: String,
+}
+
+impl SessionActor {
+    fn meta_value(&self, key: &str) -> Option<&Value> {
+        self.state.meta.as_ref().and_then(|m| m.get(key))
+    }
+
+    fn configured_mode(&self) -> String {
+        self.state
+            .config
+            .as_ref()
+            .and_then(|c| c.values.get(APPROVAL_MODE))
+            .and_then(Value::as_str)
+            .unwrap_or("ask")
+            .to_owned()
+    }
+
+    /// Publish a new `_meta` with `key` set to `value`.
+    fn set_meta(&mut self, ctx: &mut Context<Self>, key: &str, value: Value) {
+        let mut meta = self.state.meta.clone().unwrap_or_default();
+        meta.insert(key.to_owned(), value);
+        self.host_actions(
+            ctx,
+            vec![StateAction::SessionMetaChanged(
+                ahp_types::actions::SessionMetaChangedAction { meta: Some(meta) },
+            )],
+        );
+    }
+
+    /// A checkpoint: the configured mode becomes the effective one.
+    pub fn checkpoint(&mut self, ctx: &mut Context<Self>) -> String {
+        let configured = self.configured_mode();
+        if self.meta_value(EFFECTIVE_MODE_META).and_then(Value::as_str) != Some(configured.as_str())
+        {
+            self.set_meta(ctx, EFFECTIVE_MODE_META, Value::from(configured.clone()));
+        }
+        configured
+    }
+}
+
+impl Handler<ApprovalCheckpoint> for SessionActor {
+    type Result = Option<ToolCallConfirmationReason>;
+
+    fn handle(&mut self, msg: ApprovalCheckpoint, ctx: &mut Self::Context) -> Self::Result {
+        let mode = self.checkpoint(ctx);
+        let granted = self
+            .meta_value(GRANTS_META)
+            .and_then(Value::as_array)
+            .is_some_and(|g| g.iter().any(|t| t.as_str() == Some(msg.tool_name.as_str())));
+        (mode == ALWAYS_ALLOW || granted).then_some(ToolCallConfirmationReason::Setting)
+    }
+}
+
+/// "Approve for this session" was chosen for a tool.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct GrantTool {
+    /// The tool now approved for the session.
+    pub tool_name: String,
+}
+
+impl Handler<GrantTool> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: GrantTool, ctx: &mut Self::Context) {
+        let mut grants: Vec<Value> = self
+            .meta_value(GRANTS_META)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if grants
+            .iter()
+            .any(|g| g.as_str() == Some(msg.tool_name.as_str()))
+        {
+            return;
+        }
+        grants.push(Value::from(msg.tool_name));
+        self.set_meta(ctx, GRANTS_META, Value::Array(grants));
+    }
+}
+
+/// A turn starts in one of the session's chats: also a checkpoint.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TurnCheckpoint;
+
+impl Handler<TurnCheckpoint> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, _: TurnCheckpoint, ctx: &mut Self::Context) {
+        self.checkpoint(ctx);
     }
 }
 
@@ -560,6 +672,33 @@ impl Handler<DisposeSession> for SessionActor {
     }
 }
 
+/// `tandem/listPending`: every unsettled interaction of the session, in the
+/// order they opened.
+#[derive(Message)]
+#[rtype(result = "Vec<super::chat::PendingItem>")]
+pub struct ListPending;
+
+impl Handler<ListPending> for SessionActor {
+    type Result = ResponseFuture<Vec<super::chat::PendingItem>>;
+
+    fn handle(&mut self, _: ListPending, _: &mut Self::Context) -> Self::Result {
+        let asks: Vec<_> = self
+            .chats
+            .iter()
+            .map(|(_, a)| a.send(super::chat::GetPending))
+            .collect();
+        Box::pin(async move {
+            let mut all: Vec<super::chat::PendingItem> = futures_util::future::join_all(asks)
+                .await
+                .into_iter()
+                .flat_map(|r| r.unwrap_or_default())
+                .collect();
+            all.sort_by_key(|p| p.server_seq);
+            all
+        })
+    }
+}
+
 /// A copy of the session state.
 #[derive(Message)]
 #[rtype(result = "SessionState")]
@@ -625,7 +764,10 @@ pub fn new_session_state(provider: String) -> SessionState {
         customizations: None,
         changesets: None,
         input_needed: None,
-        meta: None,
+        meta: Some(serde_json::Map::from_iter([
+            (EFFECTIVE_MODE_META.to_owned(), Value::from("ask")),
+            (GRANTS_META.to_owned(), Value::Array(Vec::new())),
+        ])),
     }
 }
 

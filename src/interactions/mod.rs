@@ -2,6 +2,8 @@
 //! awaits its settlement. The chat actor turns each interaction into AHP
 //! parts and tool-call states and settles it exactly once (invariant 3).
 
+pub mod form;
+
 use std::collections::BTreeMap;
 
 use ahp_types::state::{ChatInputAnswer, ChatInputRequest, ChatInputResponseKind};
@@ -20,6 +22,14 @@ pub enum Interaction {
         /// Opt-in timeout per question (MSP `autoResolutionMs`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         auto_resolution_ms: Option<u64>,
+    },
+    /// An MCP-style form: a flat `requestedSchema`, answered as `content`.
+    #[serde(rename_all = "camelCase")]
+    Form {
+        /// What to tell the person.
+        message: String,
+        /// The MCP `requestedSchema`.
+        schema: Value,
     },
     /// A URL the person should visit or review, then confirm.
     #[serde(rename_all = "camelCase")]

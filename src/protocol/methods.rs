@@ -17,6 +17,12 @@ pub const LIST_SESSIONS: &str = "listSessions";
 pub const CREATE_CHAT: &str = "createChat";
 pub const DISPOSE_CHAT: &str = "disposeChat";
 pub const FETCH_TURNS: &str = "fetchTurns";
+/// Tandem extension: an agent connection registers a provider.
+pub const REGISTER_PROVIDER: &str = "tandem/registerProvider";
+/// Tandem extension: a provider waits for a person.
+pub const REQUEST_INTERACTION: &str = "tandem/requestInteraction";
+/// Tandem extension: the unsettled interactions of a session.
+pub const LIST_PENDING: &str = "tandem/listPending";
 
 /// Decode a method's params into its `ahp-types` struct; a mismatch is
 /// `-32602 Invalid params` naming the method and serde's reason.

@@ -1,6 +1,7 @@
 //! Agents behind the host. An agent gets turns and answers with actions and
 //! interactions through a [`ChatHandle`]; it never touches state directly.
 
+pub mod remote;
 pub mod scripted;
 
 use std::sync::Arc;
@@ -34,15 +35,62 @@ pub trait Agent: Send + Sync + 'static {
     /// The turn was cancelled; its open interactions already settled
     /// `interrupted`.
     fn cancel_turn(&self, _chat: &str, _turn_id: &str) {}
+    /// The turn ended (completed, errored, truncated away).
+    fn turn_ended(&self, _chat: &str, _turn_id: &str) {}
 }
 
 /// Registered agents by provider id.
 #[derive(Default)]
 pub struct Providers {
     agents: DashMap<String, Arc<dyn Agent>>,
+    /// The agents served over connections (also in `agents`).
+    remotes: DashMap<String, Arc<remote::RemoteAgent>>,
+}
+
+/// Why a provider registration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// The id names a built-in agent.
+    #[error("`{0}` is a built-in provider")]
+    BuiltIn(String),
+    /// Another live connection serves it.
+    #[error("provider `{0}` is already served by another connection")]
+    Taken(String),
 }
 
 impl Providers {
+    /// Register a provider served over `conn`, or hand an existing one whose
+    /// connection is gone to `conn` (re-registration after a reconnect).
+    pub fn register_remote(
+        &self,
+        info: AgentInfo,
+        conn: Arc<crate::publish::Outbound>,
+        grace: std::time::Duration,
+    ) -> Result<(), RegisterError> {
+        let id = info.provider.clone();
+        if let Some(existing) = self.remotes.get(&id).map(|r| r.clone()) {
+            if existing.is_connected() {
+                return Err(RegisterError::Taken(id));
+            }
+            existing.attach(conn);
+            return Ok(());
+        }
+        if self.agents.contains_key(&id) {
+            return Err(RegisterError::BuiltIn(id));
+        }
+        let agent = Arc::new(remote::RemoteAgent::new(info, conn, grace));
+        self.remotes.insert(id.clone(), agent.clone());
+        self.agents.insert(id, agent);
+        Ok(())
+    }
+
+    /// The connection `conn` serving `provider` closed.
+    pub fn connection_closed(&self, provider: &str, conn: crate::publish::ConnId) {
+        if let Some(r) = self.remotes.get(provider).map(|r| r.clone()) {
+            r.detach(conn);
+        }
+    }
+
     /// Register (or replace) an agent.
     pub fn register(&self, agent: Arc<dyn Agent>) {
         self.agents.insert(agent.info().provider, agent);

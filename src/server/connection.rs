@@ -29,7 +29,7 @@ use crate::channels::chat::FetchTurns;
 use crate::channels::core::Shared;
 use crate::channels::registry::ChannelAddr;
 use crate::channels::root::{CreateSession, ListSessions, RemoveSession, RootActor};
-use crate::channels::session::{CreateChat, RemoveChat};
+use crate::channels::session::{CreateChat, ListPending, RemoveChat};
 use crate::channels::{ClientDispatch, SnapshotJson, Subscribe};
 use crate::protocol::methods::{self as m, decode_params};
 use crate::protocol::{self, errors, Incoming, RpcError};
@@ -58,6 +58,7 @@ pub async fn ahp_ws(
         session: session.clone(),
         client_id: None,
         subs: HashSet::new(),
+        providers: HashSet::new(),
         last_rx_ms: last_rx_ms.clone(),
     };
     let addr = Connection::create(move |ctx| {
@@ -86,6 +87,8 @@ pub struct Connection {
     client_id: Option<String>,
     /// Channels this connection is subscribed to.
     subs: HashSet<Arc<str>>,
+    /// Providers this connection registered (it is their agent).
+    providers: HashSet<String>,
     last_rx_ms: Arc<AtomicU64>,
 }
 
@@ -97,6 +100,9 @@ impl Actor for Connection {
             if let Some(ch) = self.shared.registry.get(&uri) {
                 ch.hub.remove(self.out.id());
             }
+        }
+        for p in self.providers.drain() {
+            self.shared.providers.connection_closed(&p, self.out.id());
         }
         self.shared.connections.remove(&self.out.id());
         self.out.close(CloseCause::Shutdown);
@@ -157,6 +163,33 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Connection {
     fn finished(&mut self, ctx: &mut Self::Context) {
         ctx.stop();
     }
+}
+
+/// `tandem/registerProvider` params.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RegisterProviderParams {
+    channel: String,
+    provider: String,
+    display_name: String,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+/// `tandem/requestInteraction` params.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RequestInteractionParams {
+    channel: String,
+    turn_id: String,
+    interaction: Value,
+}
+
+/// Params that name only a channel.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ChannelParams {
+    channel: String,
 }
 
 /// `result` of `initialize`, with snapshots spliced in pre-serialized.
@@ -267,10 +300,15 @@ impl Connection {
                     client_id: self.client_id.clone().unwrap_or_default(),
                     client_seq: p.client_seq,
                 };
+                let as_agent = ch
+                    .provider
+                    .as_deref()
+                    .is_some_and(|p| self.providers.contains(p));
                 let msg = ClientDispatch {
                     conn: self.out.clone(),
                     origin,
                     action: p.action,
+                    as_agent,
                 };
                 match ch.addr {
                     ChannelAddr::Chat(a) => a.do_send(msg),
@@ -377,6 +415,33 @@ impl Connection {
                     }
                 }));
             }
+            m::REGISTER_PROVIDER => {
+                let p: RegisterProviderParams = decode_params(&method, params).map_err(fail)?;
+                self.register_provider(p).map_err(fail)?;
+                self.reply(&id, &Value::Null);
+            }
+            m::REQUEST_INTERACTION => {
+                let p: RequestInteractionParams = decode_params(&method, params).map_err(fail)?;
+                self.request_interaction(id, p, ctx).map_err(fail)?;
+            }
+            m::LIST_PENDING => {
+                let p: ChannelParams = decode_params(&method, params).map_err(fail)?;
+                let Some(ChannelAddr::Session(session)) =
+                    self.shared.registry.get(&p.channel).map(|c| c.addr)
+                else {
+                    return Err(fail(RpcError::new(
+                        errors::SESSION_NOT_FOUND,
+                        format!("no session `{}`", p.channel),
+                    )));
+                };
+                let fut = session.send(ListPending);
+                ctx.wait(fut.into_actor(self).map(move |res, act, _| match res {
+                    Ok(pending) => act.reply(&id, &serde_json::json!({ "pending": pending })),
+                    Err(e) => {
+                        act.reply_error(&id.unwrap_or_default(), RpcError::internal(e.to_string()))
+                    }
+                }));
+            }
             other => return Err(fail(RpcError::method_not_found(other))),
         }
         Ok(())
@@ -398,6 +463,84 @@ impl Connection {
                 Err(e) => act.reply_error(&id.unwrap_or_default(), e),
             }
         }));
+    }
+
+    fn register_provider(&mut self, p: RegisterProviderParams) -> Result<(), RpcError> {
+        if p.channel != ahp_types::ROOT_RESOURCE_URI {
+            return Err(RpcError::invalid_params(
+                "`tandem/registerProvider` targets `ahp-root://`",
+            ));
+        }
+        if p.provider.is_empty() || p.provider.len() > 128 {
+            return Err(RpcError::invalid_params(
+                "`provider` must be 1 to 128 characters",
+            ));
+        }
+        let info = ahp_types::state::AgentInfo {
+            provider: p.provider.clone(),
+            display_name: p.display_name,
+            description: p.description.unwrap_or_default(),
+            models: Vec::new(),
+            protected_resources: None,
+            customizations: None,
+            capabilities: Some(ahp_types::state::AgentCapabilities {
+                multiple_chats: Some(Default::default()),
+                multiple_working_directories: None,
+            }),
+        };
+        self.shared
+            .providers
+            .register_remote(info, self.out.clone(), self.shared.config.provider_grace)
+            .map_err(|e| RpcError::new(errors::ALREADY_EXISTS, e.to_string()))?;
+        tracing::info!(provider = %p.provider, conn = self.out.id().0, "provider registered");
+        self.providers.insert(p.provider);
+        self.root.do_send(crate::channels::root::AgentsChanged);
+        Ok(())
+    }
+
+    /// `tandem/requestInteraction`: answered when the interaction settles,
+    /// without holding up the connection's other requests.
+    fn request_interaction(
+        &mut self,
+        id: Option<Value>,
+        p: RequestInteractionParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
+        let ch =
+            self.shared.registry.get(&p.channel).ok_or_else(|| {
+                RpcError::new(errors::NOT_FOUND, format!("no chat `{}`", p.channel))
+            })?;
+        let ChannelAddr::Chat(chat) = ch.addr else {
+            return Err(RpcError::invalid_params(format!(
+                "`{}` is not a chat",
+                p.channel
+            )));
+        };
+        if !ch
+            .provider
+            .as_deref()
+            .is_some_and(|pr| self.providers.contains(pr))
+        {
+            return Err(RpcError::new(
+                errors::PERMISSION_DENIED,
+                "only the session's provider connection may request interactions",
+            ));
+        }
+        let interaction: crate::interactions::Interaction =
+            serde_json::from_value(p.interaction)
+                .map_err(|e| RpcError::invalid_params(format!("invalid `interaction`: {e}")))?;
+        if let crate::interactions::Interaction::Form { schema, .. } = &interaction {
+            crate::interactions::form::questions(schema).map_err(|e| {
+                RpcError::invalid_params(format!("the form schema is not supported: {e}"))
+            })?;
+        }
+        let handle =
+            crate::providers::ChatHandle::new(chat, ch.uri.clone(), p.turn_id, String::new());
+        let fut = async move { handle.interact(interaction).await };
+        ctx.spawn(fut.into_actor(self).map(move |settlement, act, _| {
+            act.reply(&id, &serde_json::to_value(settlement).unwrap_or_default());
+        }));
+        Ok(())
     }
 
     fn not_found(uri: &str) -> RpcError {

@@ -113,6 +113,7 @@ where
                     hub,
                     addr: ChannelAddr::Root(root.clone()),
                     session: None,
+                    provider: None,
                 });
                 let stats = root
                     .send(Restore(recovered))
