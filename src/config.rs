@@ -8,6 +8,10 @@ use crate::store::Durability;
 /// How the server runs. `Default` is what `tandem serve` uses without flags.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// HS256 secret for bearer tokens; `None` accepts everyone (loopback only).
+    pub auth_secret: Option<Vec<u8>>,
+    /// Limits.
+    pub limits: Limits,
     /// Where the SQLite store lives; `None` keeps everything in memory.
     pub data_dir: Option<PathBuf>,
     /// How hard a commit waits for the disk.
@@ -42,12 +46,52 @@ pub struct Config {
     pub heartbeat_interval: Duration,
 }
 
+/// Per-server, per-token and per-connection limits. Each names what a client
+/// sees when it hits it (README "Limits").
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Open connections on the server (HTTP 503 on upgrade beyond it).
+    pub max_connections: usize,
+    /// Open connections per token subject (HTTP 429 beyond it).
+    pub max_connections_per_token: usize,
+    /// Channels one connection may subscribe to (`-32600`).
+    pub max_subscriptions_per_connection: usize,
+    /// Sustained `dispatchAction`s per second per connection (token bucket;
+    /// beyond it: a rejection echo).
+    pub dispatches_per_sec: f64,
+    /// Burst size of that bucket.
+    pub dispatch_burst: f64,
+    /// Questions in one input request (`-32602` / `aborted`).
+    pub max_questions_per_request: usize,
+    /// Characters in one text answer or free-form value (rejection echo).
+    pub max_answer_chars: usize,
+    /// Sessions one token subject may create (`-32600`).
+    pub max_sessions_per_token: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 20_000,
+            max_connections_per_token: 256,
+            max_subscriptions_per_connection: 1_024,
+            dispatches_per_sec: 5_000.0,
+            dispatch_burst: 10_000.0,
+            max_questions_per_request: 50,
+            max_answer_chars: 20_000,
+            max_sessions_per_token: 10_000,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2);
         Self {
+            auth_secret: None,
+            limits: Limits::default(),
             data_dir: None,
             durability: Durability::Full,
             replay_ring_len: 100_000,

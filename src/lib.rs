@@ -12,7 +12,8 @@
 //! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements |
 //! | [`providers`] | agents behind the host; the built-in `scripted` agent |
 //! | [`server`] | actix-web app: `/ahp` WebSocket connections, `/healthz` |
-//! | [`config`] | tunables |
+//! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
+//! | [`config`] | tunables and limits |
 //!
 //! The flow of one client action: a connection decodes `dispatchAction` and
 //! routes it by `params.channel` to the channel's actor; the actor validates
@@ -20,6 +21,7 @@
 //! journal, and once that returns publishes it — assigning the next
 //! `serverSeq` and pushing it to every subscriber's queue under one lock.
 
+pub mod auth;
 pub mod channels;
 pub mod config;
 pub mod interactions;
@@ -30,5 +32,5 @@ pub mod server;
 pub mod store;
 pub mod time;
 
-pub use config::Config;
+pub use config::{Config, Limits};
 pub use server::run;

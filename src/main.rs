@@ -22,10 +22,56 @@ struct Cli {
 enum Command {
     /// Serve AHP over WebSocket (the default).
     Serve(ServeArgs),
+    /// Mint a bearer token signed with the server's secret.
+    Token(TokenArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct SecretArgs {
+    /// File holding the HS256 secret for bearer tokens (at least 16 bytes).
+    /// Also read from `TANDEM_AUTH_SECRET`. Without a secret the server
+    /// accepts unauthenticated connections and only listens on loopback.
+    #[arg(long)]
+    auth_secret_file: Option<std::path::PathBuf>,
+}
+
+impl SecretArgs {
+    fn secret(&self) -> anyhow::Result<Option<Vec<u8>>> {
+        if let Some(path) = &self.auth_secret_file {
+            let s = std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+            let trimmed = String::from_utf8_lossy(&s).trim().as_bytes().to_vec();
+            return Ok(Some(trimmed));
+        }
+        Ok(std::env::var("TANDEM_AUTH_SECRET")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(String::into_bytes))
+    }
+}
+
+#[derive(clap::Args, Clone)]
+struct TokenArgs {
+    #[command(flatten)]
+    secret: SecretArgs,
+    /// Who the token is for.
+    #[arg(long)]
+    subject: String,
+    /// client, agent or admin.
+    #[arg(long, value_enum, default_value = "client")]
+    role: tandem::auth::Role,
+    /// Limit the token to these session URIs (repeatable); default: any.
+    #[arg(long = "session")]
+    sessions: Vec<String>,
+    /// Lifetime in seconds.
+    #[arg(long, default_value_t = 24 * 3600)]
+    ttl_secs: u64,
 }
 
 #[derive(clap::Args, Clone)]
 struct ServeArgs {
+    #[command(flatten)]
+    secret: SecretArgs,
     /// Address to listen on.
     #[arg(long, env = "TANDEM_BIND", default_value = "127.0.0.1:7420")]
     bind: SocketAddr,
@@ -48,6 +94,27 @@ struct ServeArgs {
     /// Unsent bytes a connection may queue before it is evicted.
     #[arg(long, default_value_t = Config::default().outbound_limit_bytes)]
     outbound_limit_bytes: usize,
+    /// Open connections on the server.
+    #[arg(long, default_value_t = tandem::Limits::default().max_connections)]
+    max_connections: usize,
+    /// Open connections per token subject.
+    #[arg(long, default_value_t = tandem::Limits::default().max_connections_per_token)]
+    max_connections_per_token: usize,
+    /// Channels one connection may subscribe to.
+    #[arg(long, default_value_t = tandem::Limits::default().max_subscriptions_per_connection)]
+    max_subscriptions_per_connection: usize,
+    /// Sustained dispatches per second per connection (burst: twice that).
+    #[arg(long, default_value_t = tandem::Limits::default().dispatches_per_sec)]
+    dispatches_per_sec: f64,
+    /// Questions in one input request.
+    #[arg(long, default_value_t = tandem::Limits::default().max_questions_per_request)]
+    max_questions_per_request: usize,
+    /// Characters in one text answer.
+    #[arg(long, default_value_t = tandem::Limits::default().max_answer_chars)]
+    max_answer_chars: usize,
+    /// Sessions one token subject may create.
+    #[arg(long, default_value_t = tandem::Limits::default().max_sessions_per_token)]
+    max_sessions_per_token: usize,
     /// Largest accepted WebSocket frame, in bytes.
     #[arg(long, default_value_t = Config::default().max_frame_bytes)]
     max_frame_bytes: usize,
@@ -73,9 +140,31 @@ fn serve() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = match cli.command {
         Some(Command::Serve(a)) => a,
+        Some(Command::Token(t)) => return mint(t),
         None => cli.serve,
     };
+    let secret = args.secret.secret()?;
+    if secret.is_none() && !args.bind.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on {} without authentication: set --auth-secret-file or TANDEM_AUTH_SECRET, or bind to loopback",
+            args.bind
+        );
+    }
+    if let Some(s) = &secret {
+        tandem::auth::Authenticator::new(s).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     let config = Config {
+        limits: tandem::Limits {
+            max_connections: args.max_connections,
+            max_connections_per_token: args.max_connections_per_token,
+            max_subscriptions_per_connection: args.max_subscriptions_per_connection,
+            dispatches_per_sec: args.dispatches_per_sec,
+            dispatch_burst: args.dispatches_per_sec * 2.0,
+            max_questions_per_request: args.max_questions_per_request,
+            max_answer_chars: args.max_answer_chars,
+            max_sessions_per_token: args.max_sessions_per_token,
+        },
+        auth_secret: secret,
         data_dir: (!args.in_memory).then(|| args.data_dir.clone()),
         durability: args.durability,
         replay_ring_len: args.replay_ring_len,
@@ -106,12 +195,44 @@ fn serve() -> anyhow::Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
+    if config.auth_secret.is_none() {
+        tracing::warn!("no auth secret: accepting unauthenticated connections (loopback only)");
+    }
     rt.block_on(tandem::server::run_with_journal(
         listener,
         config,
         journal,
         async {
-            let _ = tokio::signal::ctrl_c().await;
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => {
+                        let _ = tokio::signal::ctrl_c().await;
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
         },
     ))
+}
+
+fn mint(t: TokenArgs) -> anyhow::Result<()> {
+    let secret = t.secret.secret()?.ok_or_else(|| {
+        anyhow::anyhow!("no secret: set --auth-secret-file or TANDEM_AUTH_SECRET")
+    })?;
+    let auth = tandem::auth::Authenticator::new(&secret).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let claims = tandem::auth::Claims {
+        sub: t.subject,
+        role: t.role,
+        exp: tandem::auth::now_secs() + t.ttl_secs,
+        sessions: (!t.sessions.is_empty()).then_some(t.sessions),
+    };
+    println!(
+        "{}",
+        auth.mint(&claims).map_err(|e| anyhow::anyhow!("{e}"))?
+    );
+    Ok(())
 }

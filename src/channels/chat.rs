@@ -731,7 +731,16 @@ impl ChatActor {
             ));
             return;
         }
-        let questions = request.questions.as_ref().map_or(0, Vec::len).max(1) as u64;
+        let max = self.core.shared.config.limits.max_questions_per_request;
+        let asked = request.questions.as_ref().map_or(0, Vec::len);
+        if asked > max {
+            let _ = reply.send(Settlement::with_reason(
+                Outcome::Aborted,
+                format!("{asked} questions in one request; the limit is {max}"),
+            ));
+            return;
+        }
+        let questions = asked.max(1) as u64;
         let id = request.id.clone();
         self.inputs.insert(
             id.clone(),
@@ -822,13 +831,16 @@ impl Handler<ClientDispatch> for ChatActor {
             self.core.reject(&conn, &origin, &action, &reason);
             return;
         }
-        let checked = validate::client_chat_action(
-            &self.state,
-            &action,
-            &origin.client_id,
-            &self.used_turn_ids,
-        )
-        .and_then(|()| self.reduce(&action));
+        let checked = answer_lengths(&action, self.core.shared.config.limits.max_answer_chars)
+            .and_then(|()| {
+                validate::client_chat_action(
+                    &self.state,
+                    &action,
+                    &origin.client_id,
+                    &self.used_turn_ids,
+                )
+            })
+            .and_then(|()| self.reduce(&action));
         if let Err(r) = checked {
             self.core.reject(&conn, &origin, &action, &r.0);
             return;
@@ -1178,6 +1190,49 @@ impl Handler<DisposeChat> for ChatActor {
         self.core.shared.journal.remove(&self.core.uri);
         ctx.stop();
     }
+}
+
+/// Text answers and free-form values longer than `max` characters are refused.
+fn answer_lengths(action: &StateAction, max: usize) -> Result<(), Rejection> {
+    use ahp_types::state::{ChatInputAnswer as A, ChatInputAnswerValue as V};
+    let answers: Vec<&A> = match action {
+        StateAction::ChatInputAnswerChanged(a) => a.answer.iter().collect(),
+        StateAction::ChatInputCompleted(a) => a.answers.iter().flat_map(|m| m.values()).collect(),
+        _ => return Ok(()),
+    };
+    for a in answers {
+        let texts: Vec<&str> = match a {
+            A::Draft(x) | A::Submitted(x) => match &x.value {
+                V::Text(t) => vec![t.value.as_str()],
+                V::Selected(s) => s
+                    .freeform_values
+                    .iter()
+                    .flatten()
+                    .map(String::as_str)
+                    .collect(),
+                V::SelectedMany(s) => s
+                    .freeform_values
+                    .iter()
+                    .flatten()
+                    .map(String::as_str)
+                    .collect(),
+                _ => Vec::new(),
+            },
+            A::Skipped(s) => s
+                .freeform_values
+                .iter()
+                .flatten()
+                .map(String::as_str)
+                .collect(),
+        };
+        if let Some(t) = texts.iter().find(|t| t.chars().count() > max) {
+            return Err(Rejection::new(format!(
+                "an answer of {} characters is over the limit of {max}",
+                t.chars().count()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The request of an input part in the active or a finished turn.

@@ -27,6 +27,10 @@ pub struct Shared {
     pub providers: Providers,
     /// Every open connection's queue (closed with a reason at shutdown).
     pub connections: dashmap::DashMap<ConnId, Arc<Outbound>>,
+    /// Open connections per token subject.
+    pub connections_per_token: dashmap::DashMap<String, usize>,
+    /// Token verification, when a secret is configured.
+    pub auth: Option<crate::auth::Authenticator>,
     arbiters: Vec<ArbiterHandle>,
     next_arbiter: AtomicUsize,
 }
@@ -41,6 +45,10 @@ impl Shared {
         start_seq: u64,
     ) -> Self {
         let reserving = journal.clone();
+        let auth = config
+            .auth_secret
+            .as_deref()
+            .and_then(|s| crate::auth::Authenticator::new(s).ok());
         Self {
             publisher: Publisher::with_reserver(
                 start_seq,
@@ -52,6 +60,8 @@ impl Shared {
             journal,
             providers,
             connections: dashmap::DashMap::new(),
+            connections_per_token: dashmap::DashMap::new(),
+            auth,
             arbiters,
             next_arbiter: AtomicUsize::new(0),
         }

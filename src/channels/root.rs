@@ -29,6 +29,8 @@ pub struct RootActor {
     me: Addr<RootActor>,
     state: RootState,
     sessions: HashMap<Arc<str>, (Addr<SessionActor>, SessionSummary)>,
+    /// Sessions created per token subject (for the per-token limit).
+    owned: HashMap<String, std::collections::HashSet<Arc<str>>>,
 }
 
 impl RootActor {
@@ -46,6 +48,7 @@ impl RootActor {
                 meta: None,
             },
             sessions: HashMap::new(),
+            owned: HashMap::new(),
         }
     }
 
@@ -61,11 +64,13 @@ impl RootActor {
         self.core.publish(&Accepted::new(action, None));
     }
 
-    fn notify(&self, method: &str, params: &impl serde::Serialize) {
+    /// A root notification about `session`, to the subscribers who may see it.
+    fn notify(&self, session: &str, method: &str, params: &impl serde::Serialize) {
         let params = serde_json::to_value(params).unwrap_or_default();
-        self.core
-            .hub
-            .notify_all(&ByteString::from(encode_notification(method, &params)));
+        self.core.hub.notify_about(
+            session,
+            &ByteString::from(encode_notification(method, &params)),
+        );
     }
 
     /// The server context.
@@ -132,6 +137,8 @@ impl Handler<Subscribe> for RootActor {
 pub struct CreateSession {
     /// The client-chosen `ahp-session:/<id>` URI.
     pub uri: String,
+    /// Token subject creating it, and how many sessions it may own.
+    pub owner: Option<(String, usize)>,
     /// Provider id (default: the built-in `scripted`).
     pub provider: Option<String>,
 }
@@ -183,8 +190,19 @@ impl RootActor {
                 format!("session `{}` already exists", msg.uri),
             ));
         }
+        if let Some((owner, max)) = &msg.owner {
+            let n = self.owned.get(owner).map_or(0, |s| s.len());
+            if n >= *max {
+                return Err(RpcError::invalid_request(format!(
+                    "session limit reached: `{owner}` may create at most {max} sessions"
+                )));
+            }
+        }
         let shared = self.core.shared.clone();
         let uri: Arc<str> = msg.uri.into();
+        if let Some((owner, _)) = msg.owner {
+            self.owned.entry(owner).or_default().insert(uri.clone());
+        }
         let session_actor = SessionActor::new(
             uri.clone(),
             Arc::new(Hub::default()),
@@ -208,6 +226,7 @@ impl RootActor {
             done,
         });
         self.notify(
+            &uri,
             "root/sessionAdded",
             &SessionAddedParams {
                 channel: ROOT_RESOURCE_URI.into(),
@@ -260,7 +279,12 @@ impl Handler<RemoveSession> for RootActor {
             ));
         };
         addr.do_send(DisposeSession);
+        for owned in self.owned.values_mut() {
+            owned.remove(msg.uri.as_str());
+        }
+        let session = msg.uri.clone();
         self.notify(
+            &session,
             "root/sessionRemoved",
             &SessionRemovedParams {
                 channel: ROOT_RESOURCE_URI.into(),
@@ -293,6 +317,7 @@ impl Handler<SessionSummaryChanged> for RootActor {
         };
         entry.1 = msg.summary;
         self.notify(
+            &msg.session,
             "root/sessionSummaryChanged",
             &SessionSummaryChangedParams {
                 channel: ROOT_RESOURCE_URI.into(),
@@ -307,6 +332,8 @@ impl Handler<SessionSummaryChanged> for RootActor {
 #[derive(Message)]
 #[rtype(result = "Result<ahp_types::commands::ListSessionsResult, RpcError>")]
 pub struct ListSessions {
+    /// Only sessions in this set (a scoped token).
+    pub scope: Option<Arc<std::collections::HashSet<String>>>,
     /// Page size.
     pub limit: Option<i64>,
     /// Cursor from a previous page.
@@ -330,7 +357,12 @@ impl Handler<ListSessions> for RootActor {
         let limit = msg
             .limit
             .map_or(MAX_PAGE, |l| (l.max(1) as usize).min(MAX_PAGE));
-        let mut all: Vec<&SessionSummary> = self.sessions.values().map(|(_, s)| s).collect();
+        let mut all: Vec<&SessionSummary> = self
+            .sessions
+            .values()
+            .map(|(_, s)| s)
+            .filter(|s| msg.scope.as_ref().is_none_or(|sc| sc.contains(&s.resource)))
+            .collect();
         all.sort_by(|a, b| {
             b.modified_at
                 .cmp(&a.modified_at)

@@ -13,8 +13,8 @@ pub struct RpcError {
     pub code: i32,
     /// Human-readable reason.
     pub message: String,
-    /// Optional structured detail.
-    pub data: Option<Value>,
+    /// Optional structured detail (boxed: errors travel in `Err` variants).
+    pub data: Option<Box<Value>>,
 }
 
 impl RpcError {
@@ -29,7 +29,7 @@ impl RpcError {
 
     /// Attach structured data.
     pub fn with_data(mut self, data: Value) -> Self {
-        self.data = Some(data);
+        self.data = Some(Box::new(data));
         self
     }
 

@@ -108,7 +108,7 @@ pub fn encode_raw_result(id: &Value, result_json: &str) -> String {
 pub fn encode_error(id: &Value, err: &RpcError) -> String {
     let mut error = serde_json::json!({"code": err.code, "message": err.message});
     if let Some(data) = &err.data {
-        error["data"] = data.clone();
+        error["data"] = (**data).clone();
     }
     serde_json::json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string()
 }

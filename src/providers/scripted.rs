@@ -130,13 +130,18 @@ async fn ask(h: &ChatHandle, payload: &str) -> Result<(), Rejection> {
 /// Append `settled: <outcome>` and the final answers, then complete — unless
 /// the turn is gone, in which case there is nobody to tell.
 async fn report(h: &ChatHandle, s: &Settlement) -> Result<(), Rejection> {
-    if matches!(s.outcome, Outcome::Interrupted | Outcome::Aborted) {
+    if s.outcome == Outcome::Interrupted {
         return Ok(());
     }
+    // `aborted` with the turn still running (a refused request) is reported;
+    // if the turn is gone the emit below fails and nothing is written.
     let answers: BTreeMap<String, ChatInputAnswer> = s.answers.clone().unwrap_or_default();
     let mut body = json!({"answers": answers});
     if let Some(c) = &s.clarification {
         body["clarification"] = json!(c);
+    }
+    if s.outcome == Outcome::Aborted {
+        body["reason"] = json!(s.reason);
     }
     let text = format!("settled: {}\n{}", s.outcome.as_str(), body);
     finish(h, &text).await

@@ -60,9 +60,15 @@ impl Hub {
         self.len() == 0
     }
 
-    /// Push a non-envelope frame (a protocol notification) to every subscriber.
-    pub fn notify_all(&self, frame: &ByteString) {
-        for s in self.subscribers.lock().iter() {
+    /// Push a non-envelope frame (a protocol notification) about `session`
+    /// to every subscriber allowed to see that session.
+    pub fn notify_about(&self, session: &str, frame: &ByteString) {
+        for s in self
+            .subscribers
+            .lock()
+            .iter()
+            .filter(|s| s.sees_session(session))
+        {
             s.push_frame(frame.clone());
         }
     }

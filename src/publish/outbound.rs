@@ -11,8 +11,9 @@
 //! the client asked for them, and a `reconnect` replay after an eviction is
 //! by construction larger than the limit that evicted it.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytestring::ByteString;
 use parking_lot::Mutex;
@@ -60,6 +61,9 @@ struct State {
 pub struct Outbound {
     id: ConnId,
     limit_bytes: usize,
+    /// Sessions this connection may see (`None`: all); filters session-scoped
+    /// notifications such as `root/sessionAdded`.
+    scope: Option<Arc<HashSet<String>>>,
     state: Mutex<State>,
     wake: Notify,
 }
@@ -75,9 +79,15 @@ pub enum Next {
 impl Outbound {
     /// A fresh queue allowing `limit_bytes` of unsent frames.
     pub fn new(limit_bytes: usize) -> Self {
+        Self::scoped(limit_bytes, None)
+    }
+
+    /// A queue for a connection limited to `scope` sessions.
+    pub fn scoped(limit_bytes: usize, scope: Option<Arc<HashSet<String>>>) -> Self {
         Self {
             id: ConnId(NEXT_CONN.fetch_add(1, Ordering::Relaxed)),
             limit_bytes,
+            scope,
             state: Mutex::new(State {
                 frames: VecDeque::new(),
                 bytes: 0,
@@ -93,6 +103,11 @@ impl Outbound {
     /// This connection's id.
     pub fn id(&self) -> ConnId {
         self.id
+    }
+
+    /// Whether this connection may see session `uri`.
+    pub fn sees_session(&self, uri: &str) -> bool {
+        self.scope.as_ref().is_none_or(|s| s.contains(uri))
     }
 
     /// Highest `serverSeq` pushed so far.

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
+use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use actix_ws::{AggregatedMessage, ProtocolError, Session};
 use ahp_types::actions::ActionOrigin;
@@ -25,6 +26,7 @@ use serde_json::Value;
 
 use super::writer::{self, now_ms};
 use super::AppState;
+use crate::auth::{AuthError, Principal};
 use crate::channels::chat::FetchTurns;
 use crate::channels::core::Shared;
 use crate::channels::registry::ChannelAddr;
@@ -42,13 +44,69 @@ pub async fn ahp_ws(
     body: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let (res, session, stream) = actix_ws::handle(&req, body)?;
+    let shared = &state.shared;
+    let principal = match &shared.auth {
+        None => Principal::local(),
+        Some(auth) => match bearer_token(&req)
+            .ok_or(AuthError::Missing)
+            .and_then(|t| auth.verify(&t))
+        {
+            Ok(p) => p,
+            Err(e) => {
+                return Ok(refuse(
+                    StatusCode::UNAUTHORIZED,
+                    errors::AUTH_REQUIRED,
+                    &e.to_string(),
+                ))
+            }
+        },
+    };
+    let limits = &shared.config.limits;
+    if shared.connections.len() >= limits.max_connections {
+        let msg = format!(
+            "the server is at its connection limit ({})",
+            limits.max_connections
+        );
+        return Ok(refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            errors::INTERNAL_ERROR,
+            &msg,
+        ));
+    }
+    {
+        let mut n = shared
+            .connections_per_token
+            .entry(principal.subject.clone())
+            .or_insert(0);
+        if *n >= limits.max_connections_per_token {
+            let msg = format!(
+                "`{}` already has {} connections (the limit)",
+                principal.subject, limits.max_connections_per_token
+            );
+            return Ok(refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                errors::INVALID_REQUEST,
+                &msg,
+            ));
+        }
+        *n += 1;
+    }
+    let (res, session, stream) = match actix_ws::handle(&req, body) {
+        Ok(ok) => ok,
+        Err(e) => {
+            release_token_slot(shared, &principal.subject);
+            return Err(e);
+        }
+    };
     let cfg = &state.shared.config;
     let stream = stream
         .max_frame_size(cfg.max_frame_bytes)
         .aggregate_continuations()
         .max_continuation_size(cfg.max_frame_bytes);
-    let out = Arc::new(Outbound::new(cfg.outbound_limit_bytes));
+    let out = Arc::new(Outbound::scoped(
+        cfg.outbound_limit_bytes,
+        principal.sessions.clone(),
+    ));
     let last_rx_ms = Arc::new(AtomicU64::new(now_ms()));
     state.shared.connections.insert(out.id(), out.clone());
     let conn = Connection {
@@ -59,6 +117,8 @@ pub async fn ahp_ws(
         client_id: None,
         subs: HashSet::new(),
         providers: HashSet::new(),
+        principal,
+        bucket: (cfg.limits.dispatch_burst, std::time::Instant::now()),
         last_rx_ms: last_rx_ms.clone(),
     };
     let addr = Connection::create(move |ctx| {
@@ -76,6 +136,34 @@ pub async fn ahp_ws(
     Ok(res)
 }
 
+/// The bearer token of an upgrade request: `Authorization: Bearer …`, or a
+/// `token` query parameter (browsers cannot set headers on WebSockets).
+fn bearer_token(req: &HttpRequest) -> Option<String> {
+    if let Some(h) = req.headers().get(actix_web::http::header::AUTHORIZATION) {
+        return h
+            .to_str()
+            .ok()?
+            .strip_prefix("Bearer ")
+            .map(|t| t.trim().to_owned());
+    }
+    req.query_string()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("token=").map(str::to_owned))
+}
+
+/// Refuse an upgrade with an HTTP status and a JSON-RPC-shaped error body.
+fn refuse(status: StatusCode, code: i32, message: &str) -> HttpResponse {
+    tracing::info!(%status, message, "connection refused");
+    HttpResponse::build(status)
+        .json(serde_json::json!({"error": {"code": code, "message": message}}))
+}
+
+fn release_token_slot(shared: &Shared, subject: &str) {
+    if let Some(mut n) = shared.connections_per_token.get_mut(subject) {
+        *n = n.saturating_sub(1);
+    }
+}
+
 /// Connection state (lives as long as the socket).
 pub struct Connection {
     shared: Arc<Shared>,
@@ -89,6 +177,10 @@ pub struct Connection {
     subs: HashSet<Arc<str>>,
     /// Providers this connection registered (it is their agent).
     providers: HashSet<String>,
+    /// Who is on the connection.
+    principal: Principal,
+    /// Dispatch token bucket: tokens left, last refill.
+    bucket: (f64, std::time::Instant),
     last_rx_ms: Arc<AtomicU64>,
 }
 
@@ -104,6 +196,7 @@ impl Actor for Connection {
         for p in self.providers.drain() {
             self.shared.providers.connection_closed(&p, self.out.id());
         }
+        release_token_slot(&self.shared, &self.principal.subject);
         self.shared.connections.remove(&self.out.id());
         self.out.close(CloseCause::Shutdown);
         Running::Stop
@@ -300,6 +393,21 @@ impl Connection {
                     client_id: self.client_id.clone().unwrap_or_default(),
                     client_seq: p.client_seq,
                 };
+                let refused = match self.permit(&p.channel) {
+                    Err(e) => Some(format!("PermissionDenied: {}", e.message)),
+                    Ok(()) if !self.take_dispatch_token() => Some(format!(
+                        "rate limited: more than {} dispatches per second on this connection",
+                        self.shared.config.limits.dispatches_per_sec
+                    )),
+                    Ok(()) => None,
+                };
+                if let Some(reason) = refused {
+                    let json = serde_json::to_string(&p.action).unwrap_or_else(|_| "null".into());
+                    self.out.push_with_last_seq(|last| {
+                        crate::publish::rejection_frame(&p.channel, &json, last, &origin, &reason)
+                    });
+                    return Ok(());
+                }
                 let as_agent = ch
                     .provider
                     .as_deref()
@@ -319,20 +427,30 @@ impl Connection {
             }
             m::CREATE_SESSION => {
                 let p: CreateSessionParams = decode_params(&method, params).map_err(fail)?;
+                self.permit(&p.channel).map_err(fail)?;
                 let fut = self.root.send(CreateSession {
                     uri: p.channel,
                     provider: p.provider,
+                    owner: Some((
+                        self.principal.subject.clone(),
+                        self.shared.config.limits.max_sessions_per_token,
+                    )),
                 });
                 self.await_unit(id, fut, ctx);
             }
             m::DISPOSE_SESSION => {
                 let p: DisposeSessionParams = decode_params(&method, params).map_err(fail)?;
+                self.permit(&p.channel).map_err(fail)?;
                 let fut = self.root.send(RemoveSession { uri: p.channel });
                 self.await_unit(id, fut, ctx);
             }
             m::LIST_SESSIONS => {
                 let p: ListSessionsParams = decode_params(&method, params).map_err(fail)?;
                 let fut = self.root.send(ListSessions {
+                    scope: match self.principal.role {
+                        crate::auth::Role::Admin => None,
+                        _ => self.principal.sessions.clone(),
+                    },
                     limit: p.limit,
                     cursor: p.cursor,
                 });
@@ -348,6 +466,7 @@ impl Connection {
             }
             m::CREATE_CHAT => {
                 let p: CreateChatParams = decode_params(&method, params).map_err(fail)?;
+                self.permit(&p.channel).map_err(fail)?;
                 if p.source.is_some() {
                     return Err(fail(RpcError::invalid_params(
                         "`source` (fork / side chat) is not supported by this host's agents",
@@ -369,6 +488,7 @@ impl Connection {
             }
             m::DISPOSE_CHAT => {
                 let p: DisposeChatParams = decode_params(&method, params).map_err(fail)?;
+                self.permit(&p.channel).map_err(fail)?;
                 let ch = self
                     .shared
                     .registry
@@ -392,6 +512,7 @@ impl Connection {
             }
             m::FETCH_TURNS => {
                 let p: FetchTurnsParams = decode_params(&method, params).map_err(fail)?;
+                self.permit(&p.channel).map_err(fail)?;
                 let Some(ChannelAddr::Chat(chat)) =
                     self.shared.registry.get(&p.channel).map(|c| c.addr)
                 else {
@@ -426,6 +547,7 @@ impl Connection {
             }
             m::LIST_PENDING => {
                 let p: ChannelParams = decode_params(&method, params).map_err(fail)?;
+                self.permit(&p.channel).map_err(fail)?;
                 let Some(ChannelAddr::Session(session)) =
                     self.shared.registry.get(&p.channel).map(|c| c.addr)
                 else {
@@ -465,7 +587,49 @@ impl Connection {
         }));
     }
 
+    /// The session a channel belongs to (a session URI names itself).
+    fn session_of(&self, uri: &str) -> Option<Arc<str>> {
+        match self.shared.registry.get(uri) {
+            Some(c) => c.session,
+            None if uri.starts_with("ahp-session:") => Some(uri.into()),
+            None => None,
+        }
+    }
+
+    /// `-32009` unless this connection may use the channel's session.
+    fn permit(&self, uri: &str) -> Result<(), RpcError> {
+        match self.session_of(uri) {
+            Some(s) if !self.principal.may_use_session(&s) => Err(RpcError::new(
+                errors::PERMISSION_DENIED,
+                format!("this token may not use `{s}`"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Take one token from the dispatch bucket.
+    fn take_dispatch_token(&mut self) -> bool {
+        let limits = &self.shared.config.limits;
+        let now = std::time::Instant::now();
+        let (tokens, last) = self.bucket;
+        let refilled = (tokens
+            + now.duration_since(last).as_secs_f64() * limits.dispatches_per_sec)
+            .min(limits.dispatch_burst);
+        if refilled < 1.0 {
+            self.bucket = (refilled, now);
+            return false;
+        }
+        self.bucket = (refilled - 1.0, now);
+        true
+    }
+
     fn register_provider(&mut self, p: RegisterProviderParams) -> Result<(), RpcError> {
+        if !self.principal.may_register_providers() {
+            return Err(RpcError::new(
+                errors::PERMISSION_DENIED,
+                "only an `agent` token may register providers",
+            ));
+        }
         if p.channel != ahp_types::ROOT_RESOURCE_URI {
             return Err(RpcError::invalid_params(
                 "`tandem/registerProvider` targets `ahp-root://`",
@@ -560,8 +724,19 @@ impl Connection {
         ctx: &mut Context<Self>,
         reply: impl FnOnce(&mut Self, Vec<SnapshotJson>) -> Option<ByteString> + 'static,
     ) -> Result<(), RpcError> {
+        let max = self.shared.config.limits.max_subscriptions_per_connection;
+        let new = uris
+            .iter()
+            .filter(|u| !self.subs.contains(u.as_str()))
+            .count();
+        if self.subs.len() + new > max {
+            return Err(RpcError::invalid_request(format!(
+                "subscription limit reached: at most {max} channels per connection"
+            )));
+        }
         let mut channels = Vec::with_capacity(uris.len());
         for uri in &uris {
+            self.permit(uri)?;
             let ch = self
                 .shared
                 .registry
@@ -675,8 +850,8 @@ impl Connection {
         let mut missing = Vec::new();
         for uri in p.subscriptions {
             match self.shared.registry.get(&uri) {
-                Some(ch) => present.push(ch),
-                None => missing.push(uri),
+                Some(ch) if self.permit(&uri).is_ok() => present.push(ch),
+                _ => missing.push(uri),
             }
         }
         self.out.gate();

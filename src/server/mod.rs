@@ -81,6 +81,7 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let store = journal.clone();
     let thread = std::thread::Builder::new()
         .name("tandem-server".into())
         .spawn(move || -> anyhow::Result<()> {
@@ -177,8 +178,15 @@ where
         conn.close(CloseCause::Shutdown);
     }
     handle.stop(true).await;
-    tokio::task::spawn_blocking(move || thread.join())
+    let served = tokio::task::spawn_blocking(move || thread.join())
         .await
         .map_err(|e| anyhow::anyhow!("joining the server thread: {e}"))?
-        .map_err(|_| anyhow::anyhow!("the server thread panicked"))?
+        .map_err(|_| anyhow::anyhow!("the server thread panicked"))?;
+    // Everything accepted before the stop is on disk before we return.
+    tokio::task::spawn_blocking(move || store.sync())
+        .await
+        .map_err(|e| anyhow::anyhow!("syncing the store: {e}"))?
+        .map_err(|e| anyhow::anyhow!("syncing the store: {e}"))?;
+    tracing::info!("stopped");
+    served
 }

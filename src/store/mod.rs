@@ -183,6 +183,12 @@ pub trait Journal: Send + Sync + 'static {
     /// Everything stored, for start-up.
     fn recover(&self) -> Result<Recovered, JournalError>;
 
+    /// Wait until every write handed to the journal so far is durable (used
+    /// at shutdown).
+    fn sync(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
+
     /// One channel as stored (to roll its state back after a failed append).
     fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError>;
 }

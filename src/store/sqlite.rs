@@ -216,6 +216,11 @@ impl Journal for SqliteJournal {
         rx.recv().unwrap_or_else(|_| Err(closed()))
     }
 
+    fn sync(&self) -> Result<(), JournalError> {
+        // Ops are committed in order, so a no-op reservation is a barrier.
+        self.reserve_seq(0)
+    }
+
     fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
         let conn = self.reader.lock();
         let row = conn
