@@ -727,7 +727,8 @@ async fn a_provider_that_disappears_mid_turn_ends_it_after_the_grace_period() {
     drop(agent);
 
     for (c, m) in [(&mut a, &mut ma), (&mut b, &mut mb)] {
-        c.wait_state(m, |s| s.active_turn.is_none() && !s.turns.is_empty()).await;
+        c.wait_state(m, |s| s.active_turn.is_none() && !s.turns.is_empty())
+            .await;
     }
     let last = ma.state.turns.last().expect("turn");
     assert_eq!(last.state, TurnState::Error);
