@@ -11,7 +11,7 @@
 //! | [`store`] | the `Journal` trait between actors and storage; in-memory journal |
 //! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements |
 //! | [`providers`] | agents behind the host; the built-in `scripted` agent |
-//! | [`server`] | actix-web app: `/ahp` WebSocket connections, `/healthz` |
+//! | [`server`] | actix-web app: `/ahp` WebSocket connections, `/healthz`, the embedded browser client (`web/`) at `/` |
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`config`] | tunables and limits |
 //!

@@ -321,3 +321,37 @@ async fn session_actions_are_validated_and_config_changes_are_idempotent() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_title_change_reaches_session_lists() {
+    let server = TestServer::start().await;
+    let mut c = server.client("titles").await;
+    let (session, _chat) = c.create_session().await;
+    c.subscribe_raw("ahp-root://").await;
+    let mut root = c.client.attach_subscription("ahp-root://").await;
+    let seq = c
+        .dispatch(
+            &session,
+            action(json!({"type": "session/titleChanged", "title": "Renamed"})),
+        )
+        .await;
+    c.wait_echo(None, seq).await;
+    let changed = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(SubscriptionEvent::SessionSummaryChanged(p)) = root.recv().await {
+                return p;
+            }
+        }
+    })
+    .await
+    .expect("root/sessionSummaryChanged");
+    assert_eq!(changed.session, session);
+    assert_eq!(changed.changes.title.as_deref(), Some("Renamed"));
+    let list: ListSessionsResult = c
+        .client
+        .request("listSessions", json!({"channel": "ahp-root://"}))
+        .await
+        .expect("list");
+    assert_eq!(list.items[0].title, "Renamed");
+    server.stop().await;
+}

@@ -278,6 +278,7 @@ impl Handler<RemoveSession> for RootActor {
                 format!("no session `{}`", msg.uri),
             ));
         };
+        self.core.shared.registry.remove(&msg.uri);
         addr.do_send(DisposeSession);
         for owned in self.owned.values_mut() {
             owned.remove(msg.uri.as_str());

@@ -50,6 +50,8 @@ pub struct SessionActor {
     root: Addr<RootActor>,
     chats: Vec<(Arc<str>, Addr<ChatActor>)>,
     created_at: String,
+    /// The summary as last reported to root (changes are diffed against it).
+    reported: SessionSummary,
 }
 
 impl SessionActor {
@@ -80,11 +82,13 @@ impl SessionActor {
         created_at: String,
         root: Addr<RootActor>,
     ) -> Self {
+        let reported = summary_of(&uri, &state, &created_at);
         Self {
             core: ChannelCore::new(uri, hub, shared),
             state,
             root,
             chats: Vec::new(),
+            reported,
             created_at,
         }
     }
@@ -160,7 +164,6 @@ impl SessionActor {
             }
             return;
         }
-        let before = self.summary();
         let state = &self.state;
         let commit = self.core.append(&batch, Vec::new(), None, || {
             serde_json::to_string(state).ok()
@@ -170,7 +173,7 @@ impl SessionActor {
                 for a in &batch {
                     act.core.publish(a);
                 }
-                act.report_summary(&before);
+                act.report_summary();
                 if let Some(done) = done {
                     let _ = done.send(Ok(()));
                 }
@@ -187,8 +190,9 @@ impl SessionActor {
     }
 
     /// Tell root (and through it `root/sessionSummaryChanged`) what changed.
-    fn report_summary(&self, before: &SessionSummary) {
+    fn report_summary(&mut self) {
         let after = self.summary();
+        let before = std::mem::replace(&mut self.reported, after.clone());
         let mut changes = PartialSessionSummary::default();
         let mut any = false;
         if after.title != before.title {
@@ -629,6 +633,8 @@ impl Handler<RemoveChat> for SessionActor {
             ));
         };
         let (uri, addr) = self.chats.remove(pos);
+        // Gone for new requests at once, before the actor winds down.
+        self.core.shared.registry.remove(&uri);
         addr.do_send(DisposeChat);
         // Its open requests leave the roll-up with it.
         let prefix = format!("{uri}#");
@@ -663,7 +669,8 @@ impl Handler<DisposeSession> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, _: DisposeSession, ctx: &mut Self::Context) {
-        for (_, addr) in self.chats.drain(..) {
+        for (uri, addr) in self.chats.drain(..) {
+            self.core.shared.registry.remove(&uri);
             addr.do_send(DisposeChat);
         }
         self.core.shared.registry.remove(&self.core.uri);

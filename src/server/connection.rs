@@ -352,24 +352,20 @@ impl Connection {
                 let p: SubscribeParams = decode_params(&method, params).map_err(fail)?;
                 let uri = p.channel.clone();
                 self.subscribe_many(
-                    vec![uri],
+                    vec![uri.clone()],
                     p.view.and_then(|v| v.turns),
                     ctx,
-                    move |act, snaps| {
-                        let snap = snaps
-                            .into_iter()
-                            .next()
-                            .map(|s| s.0)
-                            .unwrap_or_else(|| "null".into());
-                        id.as_ref()
-                            .map(|id| {
-                                protocol::encode_raw_result(id, &format!("{{\"snapshot\":{snap}}}"))
-                            })
-                            .map(ByteString::from)
-                            .or_else(|| {
-                                let _ = act;
-                                None
-                            })
+                    move |_, snaps| {
+                        let id = id?;
+                        let frame = match snaps.into_iter().next() {
+                            Some(s) => protocol::encode_raw_result(
+                                &id,
+                                &format!("{{\"snapshot\":{}}}", s.0),
+                            ),
+                            // Disposed while we asked.
+                            None => protocol::encode_error(&id, &Self::not_found(&uri)),
+                        };
+                        Some(ByteString::from(frame))
                     },
                 )
                 .map_err(fail)?;

@@ -1,13 +1,16 @@
-//! The actix-web application: `/ahp` (WebSocket), `/healthz`, and `/`.
+//! The actix-web application: `/ahp` (WebSocket), `/healthz`, and the
+//! embedded browser client at `/`.
 
 pub mod connection;
+#[path = "web.rs"]
+pub mod web_ui;
 mod writer;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
 
 use crate::channels::core::Shared;
@@ -37,13 +40,6 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
         "channels": state.shared.registry.len(),
         "connections": state.shared.connections.len(),
     }))
-}
-
-async fn index(_: HttpRequest) -> HttpResponse {
-    HttpResponse::Ok().content_type("text/html; charset=utf-8").body(
-        "<!doctype html><title>Tandem</title><h1>Tandem</h1>\
-         <p>An Agent Host Protocol 1.0 server. Connect an AHP client to the WebSocket at <code>/ahp</code>.</p>",
-    )
 }
 
 /// Serve AHP on `listener` until `shutdown` resolves, then stop gracefully:
@@ -139,7 +135,7 @@ where
                         .app_data(web::Data::new(state.clone()))
                         .route("/ahp", web::get().to(connection::ahp_ws))
                         .route("/healthz", web::get().to(healthz))
-                        .route("/", web::get().to(index))
+                        .configure(web_ui::routes)
                 })
                 .on_connect(|conn, _| {
                     // Envelopes are small and latency matters more than packing.

@@ -1,0 +1,205 @@
+//! The web client (issue 6): the embedded files are served at `/`, and the
+//! browser test (`web/tests/browser.test.mjs`) passes in real headless
+//! Chromium against a server on 127.0.0.1:0.
+//!
+//! What the browser test needs and the machine lacks is installed here, so
+//! `cargo test` alone is enough on a fresh machine: Debian's `chromium` (and
+//! Node.js) with apt-get, and `playwright-core` with npm into
+//! `web/tests/node_modules` (not saved; ignored by git). Only loopback
+//! traffic: the pages load from the test server and speak AHP to its `/ahp`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const PLAYWRIGHT: &str = "playwright-core@1";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn works(cmd: &str) -> bool {
+    Command::new(cmd)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn run(what: &str, cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Install Chromium, Node.js and playwright-core when missing.
+fn ensure_browser_tools(web_tests: &Path) {
+    let mut apt: Vec<&str> = Vec::new();
+    if !Path::new(CHROMIUM).exists() {
+        apt.push("chromium");
+    }
+    if !works("node") || !works("npm") {
+        apt.extend(["nodejs", "npm"]);
+    }
+    if !apt.is_empty() {
+        eprintln!("installing {apt:?} with apt-get");
+        run(
+            "apt-get update",
+            Command::new("apt-get")
+                .arg("update")
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        );
+        run(
+            "apt-get install",
+            Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends"])
+                .args(&apt)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        );
+    }
+    if !web_tests
+        .join("node_modules/playwright-core/package.json")
+        .exists()
+    {
+        eprintln!("installing {PLAYWRIGHT} into {}", web_tests.display());
+        run(
+            "npm install playwright-core",
+            Command::new("npm")
+                .args([
+                    "install",
+                    "--no-save",
+                    "--no-package-lock",
+                    "--no-audit",
+                    "--no-fund",
+                    PLAYWRIGHT,
+                ])
+                .current_dir(web_tests),
+        );
+    }
+}
+
+/// A raw HTTP/1.1 request; returns (status line, headers, body).
+async fn http(addr: std::net::SocketAddr, method: &str, path: &str) -> (String, String, Vec<u8>) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        format!("{method} {path} HTTP/1.1\r\nHost: tandem\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut buf = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
+        .await
+        .expect("response in time")
+        .expect("read");
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("header end");
+    let head = String::from_utf8_lossy(&buf[..split]).to_lowercase();
+    let (status, headers) = head.split_once("\r\n").unwrap_or((&head, ""));
+    (
+        status.to_owned(),
+        headers.to_owned(),
+        buf[split + 4..].to_vec(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_client_is_served_from_the_binary() {
+    let server = TestServer::start().await;
+    let (status, headers, body) = http(server.addr, "GET", "/").await;
+    assert_eq!(status, "http/1.1 200 ok");
+    assert!(
+        headers.contains("content-type: text/html; charset=utf-8"),
+        "{headers}"
+    );
+    let html = String::from_utf8(body).expect("utf-8");
+    assert!(html.contains(r#"<script type="module" src="/app.js">"#));
+    assert_eq!(
+        html.as_bytes(),
+        std::fs::read(repo().join("web/index.html")).expect("index.html")
+    );
+
+    for (path, ct) in [
+        ("/app.js", "text/javascript; charset=utf-8"),
+        ("/ahp.js", "text/javascript; charset=utf-8"),
+        ("/reducers.js", "text/javascript; charset=utf-8"),
+        ("/style.css", "text/css; charset=utf-8"),
+        ("/favicon.svg", "image/svg+xml"),
+    ] {
+        let (status, headers, body) = http(server.addr, "GET", path).await;
+        assert_eq!(status, "http/1.1 200 ok", "{path}");
+        assert!(
+            headers.contains(&format!("content-type: {ct}")),
+            "{path}: {headers}"
+        );
+        assert!(
+            headers.contains("cache-control: no-cache"),
+            "{path}: {headers}"
+        );
+        let file = std::fs::read(repo().join("web").join(&path[1..])).expect("file");
+        assert_eq!(body, file, "{path} is the file in web/");
+    }
+    let (status, _, body) = http(server.addr, "HEAD", "/style.css").await;
+    assert_eq!(status, "http/1.1 200 ok");
+    assert!(body.is_empty());
+    let (status, _, _) = http(server.addr, "GET", "/nope.js").await;
+    assert_eq!(status, "http/1.1 404 not found");
+    // The neighbours are untouched.
+    let (status, _, body) = http(server.addr, "GET", "/healthz").await;
+    assert_eq!(status, "http/1.1 200 ok");
+    assert!(String::from_utf8_lossy(&body).contains("serverSeq"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_client_works_in_headless_chromium() {
+    let web_tests = repo().join("web/tests");
+    let dir = web_tests.clone();
+    tokio::task::spawn_blocking(move || ensure_browser_tools(&dir))
+        .await
+        .expect("install step");
+
+    let server = TestServer::start().await;
+    let mut node = tokio::process::Command::new("node");
+    node.args([
+        "--test",
+        "--test-reporter=spec",
+        "web/tests/browser.test.mjs",
+    ])
+    .current_dir(repo())
+    .env("TANDEM_URL", format!("http://{}/", server.addr))
+    .env("CHROMIUM", CHROMIUM)
+    .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(180), node.output())
+        .await
+        .expect("the browser test finished within 180 s")
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "browser test failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("pass 3"),
+        "all three browser tests ran:\n{stdout}"
+    );
+    server.stop().await;
+}
