@@ -15,6 +15,9 @@ pub mod root;
 pub mod session;
 pub mod validate;
 
+#[cfg(test)]
+mod props;
+
 use std::sync::Arc;
 
 use actix::prelude::*;
