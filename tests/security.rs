@@ -376,14 +376,22 @@ async fn limits_are_enforced_with_clear_answers() {
     for i in 0..20 {
         seqs.push(c.dispatch(&chat, action(json!({"type": "chat/draftChanged", "draft": {"text": format!("d{i}"), "origin": {"kind": "user"}}}))).await);
     }
+    // Rate-limit rejections are answered at once by the connection, before
+    // earlier accepted echoes come back from the chat: collect them all.
+    let mut waiting: std::collections::HashSet<i64> = seqs.into_iter().collect();
     let mut limited = 0;
-    for s in seqs {
-        if c.wait_echo(Some(&mut m), s)
-            .await
-            .rejection_reason
-            .is_some_and(|r| r.starts_with("rate limited"))
-        {
-            limited += 1;
+    while !waiting.is_empty() {
+        let e = c.next_envelope().await;
+        m.apply(&e);
+        if let Some(o) = &e.origin {
+            if o.client_id == c.id
+                && waiting.remove(&o.client_seq)
+                && e.rejection_reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("rate limited"))
+            {
+                limited += 1;
+            }
         }
     }
     assert!(limited >= 10, "{limited} of 20 were rate limited");

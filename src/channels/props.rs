@@ -94,17 +94,13 @@ proptest! {
         for raw in actions {
             let action: StateAction = serde_json::from_value(raw.clone()).unwrap_or(StateAction::Unknown(raw));
             let before = serde_json::to_string(&state).expect("serializes");
-            match client_chat_action(&state, &action, "client", &used) {
-                Err(_) => {}
-                Ok(()) => match apply_action_to_chat(&mut state, &action) {
-                    ReduceOutcome::Applied => {
-                        if let StateAction::ChatTurnStarted(a) = &action {
-                            used.insert(a.turn_id.clone());
-                        }
-                        continue;
-                    }
-                    _ => {}
-                },
+            if client_chat_action(&state, &action, "client", &used).is_ok()
+                && apply_action_to_chat(&mut state, &action) == ReduceOutcome::Applied
+            {
+                if let StateAction::ChatTurnStarted(a) = &action {
+                    used.insert(a.turn_id.clone());
+                }
+                continue;
             }
             prop_assert_eq!(before, serde_json::to_string(&state).expect("serializes"));
         }
