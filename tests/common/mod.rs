@@ -410,6 +410,11 @@ impl ServerProcess {
         format!("ws://{}/ahp", self.addr)
     }
 
+    /// The server's process id (to read its memory from /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub async fn client(&self, client_id: &str) -> TestClient {
         // The port is bound before the store is recovered; retry briefly.
         for _ in 0..100 {
