@@ -71,9 +71,9 @@ async fn soak_keeps_memory_flat_and_honest_clients_converged() {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let chat = &chats[(i as usize) % chats.len()];
-                let a = if i % 50 == 0 && h == 0 {
+                let a = if i.is_multiple_of(50) && h == 0 {
                     turn_started(&uuid::Uuid::new_v4().to_string(), &format!("ping {i}"))
-                } else if i % 17 == 0 {
+                } else if i.is_multiple_of(17) {
                     let s = &sessions[(i as usize) % sessions.len()];
                     c.dispatch(s, action(json!({"type": "session/titleChanged", "title": format!("t{h}-{i}")}))).await;
                     i += 1;
