@@ -1,0 +1,28 @@
+//! Tandem's load generator: real AHP over WebSocket, many connections per
+//! process on tokio, against a URL or a server it starts itself.
+//!
+//! # Layout
+//!
+//! | module | job |
+//! |---|---|
+//! | [`conn`] | lean raw AHP client (tokio-tungstenite + serde_json) |
+//! | [`proto`] | hand-built frames and the send-time stamp every action carries |
+//! | [`engine`] | open/closed-loop publishers, checking receivers, the phase runner |
+//! | [`stats`] | HDR latency histograms; loss / duplicate / order checker |
+//! | [`report`] | result JSON, terminal table, latency SVG |
+//! | [`server`] | the server under test: spawned child, in-process, or `--url` |
+//! | [`baseline`] | minimal tokio + tungstenite broadcast server (the fan-out yardstick) |
+//! | [`scenarios`] | `fanout`, `drafts`, `durable`, `connections`, `reconnect-storm`, `recovery` |
+//! | [`clock`], [`sys`], [`progress`] | process clock, rlimit and /proc readings, progress bars |
+
+pub mod baseline;
+pub mod clock;
+pub mod conn;
+pub mod engine;
+pub mod progress;
+pub mod proto;
+pub mod report;
+pub mod scenarios;
+pub mod server;
+pub mod stats;
+pub mod sys;

@@ -1,0 +1,491 @@
+//! `fanout`: C chats × S subscribers; P agents per chat stream
+//! `chat/draftChanged` actions; measure deliveries/s and the latency from
+//! publish to every receiver and to the last receiver of each action, against
+//! Tandem and the baseline in one invocation.
+//!
+//! Two phases per server, each on fresh connections and fresh sessions:
+//! 1. **max** — closed loop (`--window` actions per chat in flight until
+//!    delivered to every subscriber) for `--max-seconds`: the most
+//!    deliveries/s the server sustains. Tandem's figure over the baseline's
+//!    is the ratio.
+//! 2. **latency** — open loop at `--rate` actions/s per chat (default:
+//!    `--rate-fraction` × Tandem's maximum) for `--seconds`: latency
+//!    percentiles to every receiver and to the last one, loss, duplicates and
+//!    order. Both servers get the same rate.
+
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+use crate::conn::{unique, Endpoint};
+use crate::engine::{
+    connect_publisher, publish_and_collect, spawn_subscribers, ActionKind, Gate, Outcome,
+    PhaseTiming, Publisher, Run, Schedule, SubPlan,
+};
+use crate::progress::note;
+use crate::report::ScenarioResult;
+use crate::server::{Server, ServerOpts, StopHow};
+use crate::stats::{Integrity, Summary};
+
+/// Which servers `fanout` runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Against {
+    /// Tandem, then the baseline, and their ratio.
+    Both,
+    /// Tandem only.
+    Tandem,
+    /// The baseline only.
+    Baseline,
+}
+
+/// `fanout` flags.
+#[derive(Args, Debug, Clone)]
+pub struct FanoutArgs {
+    /// Chats (one session each).
+    #[arg(long, default_value_t = 1)]
+    pub chats: usize,
+    /// Subscribers per chat.
+    #[arg(long, default_value_t = 100)]
+    pub subscribers: usize,
+    /// Publishing agents per chat.
+    #[arg(long, default_value_t = 1)]
+    pub publishers: usize,
+    /// Latency phase: actions/s per chat [default: --rate-fraction × the
+    /// measured maximum, or 100 with --no-max].
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Latency phase rate as a fraction of the maximum.
+    #[arg(long, default_value_t = 0.5)]
+    pub rate_fraction: f64,
+    /// Latency phase length, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Max phase length, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub max_seconds: f64,
+    /// Max phase: actions per chat in flight (not yet at every subscriber).
+    #[arg(long, default_value_t = 64)]
+    pub window: u64,
+    /// Skip the max phase.
+    #[arg(long)]
+    pub no_max: bool,
+    /// Skip the latency phase.
+    #[arg(long)]
+    pub no_latency: bool,
+    /// Leading seconds of each phase left out of rates and latencies.
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup: f64,
+    /// Longest wait for in-flight actions after publishing, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub drain: f64,
+    /// Filler bytes added to each draft's text.
+    #[arg(long, default_value_t = 0)]
+    pub pad: usize,
+    /// Which servers to run against [default: both, or tandem with --url].
+    #[arg(long, value_enum)]
+    pub against: Option<Against>,
+    /// Handshakes in flight while connecting subscribers.
+    #[arg(long, default_value_t = 128)]
+    pub connect_concurrency: usize,
+}
+
+/// One phase against one server.
+async fn phase(
+    server: &Server,
+    args: &FanoutArgs,
+    opts: &ServerOpts,
+    schedule: Schedule,
+    seconds: f64,
+    label: &str,
+) -> anyhow::Result<Outcome> {
+    let ep = Arc::new(Endpoint::new(&server.url, opts.source_ips).await?);
+    let mut setup = ep.client(&unique("setup")).await?;
+    let mut chats = Vec::with_capacity(args.chats);
+    for _ in 0..args.chats {
+        chats.push(setup.create_session().await?.1);
+    }
+    setup.close().await;
+    let p = args.publishers.max(1);
+    let per_pub = match schedule {
+        Schedule::Open { rate, count } => Schedule::Open {
+            rate: rate / p as f64,
+            count: count.div_ceil(p as u64),
+        },
+        Schedule::Closed {
+            window,
+            gate,
+            seconds,
+            limit,
+        } => Schedule::Closed {
+            window: (window / p as u64).max(1),
+            gate,
+            seconds,
+            limit,
+        },
+    };
+    let slots = match per_pub {
+        Schedule::Open { count, .. } => count as usize + 1,
+        Schedule::Closed { window, .. } => 4 * window as usize + 4,
+    };
+    let run = Run::new(args.chats * p, slots);
+    let mut publishers = Vec::new();
+    for (c, chat) in chats.iter().enumerate() {
+        for k in 0..p {
+            let index = (c * p + k) as u32;
+            let client_id = unique(&format!("agent-{index}"));
+            let ws = connect_publisher(&ep, &client_id).await?;
+            publishers.push((
+                Publisher {
+                    index,
+                    client_id,
+                    chat: chat.clone(),
+                    kind: ActionKind::Draft { pad: args.pad },
+                    schedule: per_pub,
+                    offset: 0,
+                },
+                ws,
+            ));
+        }
+    }
+    let mut plans = Vec::new();
+    for (c, chat) in chats.iter().enumerate() {
+        for s in 0..args.subscribers {
+            plans.push(SubPlan {
+                id: plans.len(),
+                client_id: unique(&format!("sub-{c}-{s}")),
+                chat: chat.clone(),
+                pub_base: (c * p) as u32,
+                pubs: p,
+                mirror: false,
+            });
+        }
+    }
+    let total = plans.len();
+    let (subs, errors) = spawn_subscribers(
+        &ep,
+        plans,
+        args.connect_concurrency,
+        &run,
+        &format!("{label}: subscribe"),
+    )
+    .await;
+    if !errors.is_empty() {
+        run.stop();
+        anyhow::bail!(
+            "{} of {total} subscribers failed to connect, e.g.: {}",
+            errors.len(),
+            errors[0]
+        );
+    }
+    for pubs in &run.pubs {
+        pubs.expected.store(
+            args.subscribers as u32,
+            std::sync::atomic::Ordering::Release,
+        );
+    }
+    publish_and_collect(
+        run,
+        publishers,
+        subs,
+        PhaseTiming {
+            seconds,
+            warmup: args.warmup.min(seconds / 2.0),
+            drain: args.drain,
+            label: label.to_owned(),
+            server_pid: server.pid,
+        },
+    )
+    .await
+}
+
+fn describe(o: &Outcome, what: &str) -> String {
+    let all = Summary::of(&o.all);
+    let last = Summary::of(&o.last);
+    format!(
+        "{what}: {:.0} deliveries/s ({:.0} actions/s), p99 {:.2} ms, last-receiver p99 {:.2} ms, lost {} dup {} reord {}; cpu cores server {:.2} loadgen {:.2} other {:.2}",
+        o.deliveries_per_sec,
+        o.actions_per_sec,
+        all.p99_ms,
+        last.p99_ms,
+        o.integrity.lost,
+        o.integrity.duplicated,
+        o.integrity.reordered,
+        cores(o).unwrap_or(f64::NAN),
+        o.loadgen_cpu_seconds.unwrap_or(f64::NAN) / o.window_seconds,
+        o.background_cores().unwrap_or(f64::NAN),
+    )
+}
+
+/// Figures of one server.
+#[derive(Default)]
+struct Figures {
+    label: String,
+    max: Option<Outcome>,
+    lat: Option<Outcome>,
+}
+
+fn cores(o: &Outcome) -> Option<f64> {
+    o.server_cpu_seconds.map(|c| c / o.window_seconds)
+}
+
+/// Run the scenario.
+pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<ScenarioResult> {
+    let against = args.against.unwrap_or(if opts.url.is_some() {
+        Against::Tandem
+    } else {
+        Against::Both
+    });
+    let which: Vec<bool> = match against {
+        Against::Both => vec![true, false],
+        Against::Tandem => vec![true],
+        Against::Baseline => vec![false],
+    };
+    let mut rate = args.rate;
+    let mut figures: Vec<Figures> = Vec::new();
+    let plan = super::store::plan_default(opts, "fanout")?;
+    for is_tandem in which {
+        let server = if is_tandem {
+            Server::tandem(opts, &plan.args).await?
+        } else {
+            Server::baseline(opts).await?
+        };
+        let name = if is_tandem { "tandem" } else { "baseline" };
+        if is_tandem {
+            note(format!(
+                "{name}: {} at {} ({})",
+                server.label, server.url, plan.label
+            ));
+        } else {
+            note(format!("{name}: {} at {}", server.label, server.url));
+        }
+        let mut f = Figures {
+            label: server.label.clone(),
+            ..Figures::default()
+        };
+        let result: anyhow::Result<()> = async {
+            if !args.no_max {
+                let o = phase(
+                    &server,
+                    args,
+                    opts,
+                    Schedule::Closed {
+                        window: args.window,
+                        gate: Gate::Delivered,
+                        seconds: args.max_seconds,
+                        limit: u64::MAX,
+                    },
+                    args.max_seconds,
+                    &format!("{name} max"),
+                )
+                .await?;
+                note(describe(&o, &format!("{name} max")));
+                if rate.is_none() {
+                    let per_chat =
+                        o.deliveries_per_sec / (args.chats * args.subscribers.max(1)) as f64;
+                    rate = Some((per_chat * args.rate_fraction).max(1.0));
+                }
+                f.max = Some(o);
+            }
+            if !args.no_latency {
+                let r = rate.unwrap_or(100.0);
+                let count = (r * args.seconds).ceil() as u64;
+                let o = phase(
+                    &server,
+                    args,
+                    opts,
+                    Schedule::Open { rate: r, count },
+                    args.seconds,
+                    &format!("{name} @{r:.0}/s"),
+                )
+                .await?;
+                note(describe(
+                    &o,
+                    &format!("{name} latency @{r:.0} actions/s per chat"),
+                ));
+                f.lat = Some(o);
+            }
+            Ok(())
+        }
+        .await;
+        server.stop(StopHow::Term).await?;
+        if is_tandem {
+            plan.cleanup();
+        }
+        result?;
+        figures.push(f);
+    }
+
+    let params = json!({
+        "chats": args.chats,
+        "subscribers": args.subscribers,
+        "publishers": args.publishers,
+        "latency_rate_per_chat": rate.map(|r| (r * 10.0).round() / 10.0),
+        "seconds": args.seconds,
+        "max_seconds": if args.no_max { None } else { Some(args.max_seconds) },
+        "window": args.window,
+        "pad": args.pad,
+    });
+    let (main, base) = match against {
+        Against::Both => {
+            let mut it = figures.into_iter();
+            (it.next(), it.next())
+        }
+        Against::Tandem => (figures.into_iter().next(), None),
+        Against::Baseline => (None, figures.into_iter().next()),
+    };
+    let mut r = ScenarioResult::new(
+        "fanout",
+        &main
+            .as_ref()
+            .or(base.as_ref())
+            .map(|f| f.label.clone())
+            .unwrap_or_default(),
+        params,
+    );
+    if main.is_some() {
+        r.put("store", plan.label.clone());
+    }
+    let mut background: f64 = 0.0;
+    for f in main.iter().chain(base.iter()) {
+        for o in f.max.iter().chain(f.lat.iter()) {
+            background = background.max(o.background_cores().unwrap_or(0.0));
+        }
+    }
+    r.put("background_cpu_cores_max", background);
+    if background > 0.2 {
+        r.note(format!(
+            "other processes used up to {background:.2} cores during a measured window: the figures are skewed; rerun on a quiet machine"
+        ));
+    }
+    let mut integrity = Integrity::default();
+    let headline = |f: &Figures| {
+        f.max
+            .as_ref()
+            .or(f.lat.as_ref())
+            .map(|o| o.deliveries_per_sec)
+    };
+    if let Some(f) = &main {
+        r.deliveries_per_sec = headline(f);
+        for o in f.max.iter().chain(f.lat.iter()) {
+            integrity.add(o.integrity);
+            if o.incomplete > 0 || o.closed_early > 0 || o.stalled {
+                r.failed = true;
+                r.note(format!(
+                    "{} accepted actions never reached every subscriber; {} subscribers disconnected ({:?}); stalled: {}",
+                    o.incomplete, o.closed_early, o.close_reasons, o.stalled
+                ));
+            }
+        }
+        if let Some(o) = &f.max {
+            r.put("max_actions_per_sec", o.actions_per_sec);
+            r.put_latency("max_phase_last", &Summary::of(&o.last));
+            if let Some(c) = cores(o) {
+                r.put("max_phase_server_cpu_cores", c);
+            }
+            if let Some(c) = o.loadgen_cpu_seconds {
+                r.put("max_phase_loadgen_cpu_cores", c / o.window_seconds);
+            }
+        }
+        if let Some(o) = &f.lat {
+            let all = Summary::of(&o.all);
+            r.set_latency(&all);
+            r.put_latency("last", &Summary::of(&o.last));
+            r.put_latency("echo", &Summary::of(&o.echo));
+            r.put("latency_phase_deliveries_per_sec", o.deliveries_per_sec);
+            r.put("latency_phase_actions_per_sec", o.actions_per_sec);
+            r.put("latency_phase_publisher_max_behind_ms", o.max_behind_ms);
+            if let Some(c) = cores(o) {
+                r.put("latency_phase_server_cpu_cores", c);
+            }
+            r.curve("tandem → every receiver", &o.all);
+            r.curve("tandem → last receiver", &o.last);
+        }
+        r.set_integrity(&integrity);
+    }
+    if let Some(b) = &base {
+        r.baseline_deliveries_per_sec = headline(b);
+        let mut bi = Integrity::default();
+        for o in b.max.iter().chain(b.lat.iter()) {
+            bi.add(o.integrity);
+        }
+        r.put("baseline_lost", bi.lost);
+        r.put("baseline_duplicated", bi.duplicated);
+        r.put("baseline_reordered", bi.reordered);
+        if let Some(o) = &b.max {
+            if let Some(c) = cores(o) {
+                r.put("baseline_max_phase_server_cpu_cores", c);
+            }
+        }
+        if let Some(o) = &b.lat {
+            r.put_latency("baseline", &Summary::of(&o.all));
+            r.put_latency("baseline_last", &Summary::of(&o.last));
+            r.curve("baseline → every receiver", &o.all);
+            r.curve("baseline → last receiver", &o.last);
+        }
+        if main.is_none() {
+            r.deliveries_per_sec = None;
+        }
+    }
+    // Server CPU per delivery: what each server would do with the machine to
+    // itself (the load generator shares the cores and often limits both).
+    let us_per = |f: &Option<Figures>| {
+        f.as_ref()
+            .and_then(|f| f.max.as_ref().or(f.lat.as_ref()))
+            .and_then(|o| {
+                o.server_cpu_seconds
+                    .map(|c| c * 1e6 / (o.deliveries_per_sec * o.window_seconds).max(1.0))
+            })
+    };
+    let (tu, bu) = (us_per(&main), us_per(&base));
+    if let Some(t) = tu {
+        r.put("server_cpu_us_per_delivery", t);
+    }
+    if let Some(b) = bu {
+        r.put("baseline_server_cpu_us_per_delivery", b);
+    }
+    if let (Some(t), Some(b)) = (tu, bu) {
+        r.put("cpu_efficiency_vs_baseline", b / t.max(1e-12));
+    }
+    if let (Some(t), Some(b)) = (r.deliveries_per_sec, r.baseline_deliveries_per_sec) {
+        let ratio = t / b.max(1e-9);
+        r.put("ratio_to_baseline", ratio);
+        if args.no_max {
+            r.note("no max phase: the ratio compares deliveries/s at the same offered rate, not maxima");
+        }
+        r.target(
+            "Tandem / baseline deliveries/s",
+            "≥ 70%",
+            format!("{:.1}%", ratio * 100.0),
+            ratio >= 0.70,
+        );
+    }
+    if main.is_some() {
+        r.target(
+            "lost = duplicated = reordered = 0",
+            "0 / 0 / 0",
+            format!(
+                "{} / {} / {}",
+                integrity.lost, integrity.duplicated, integrity.reordered
+            ),
+            integrity.clean(),
+        );
+        if let Some(p99) = r.extra.get("last_p99_ms").and_then(|v| v.as_f64()) {
+            r.target(
+                "p99 to the last receiver",
+                if args.rate.is_none() && !args.no_max {
+                    "≤ 25 ms at half the maximum rate"
+                } else {
+                    "≤ 25 ms (at the given --rate)"
+                },
+                format!("{p99:.2} ms"),
+                p99 <= 25.0,
+            );
+        }
+    }
+    if args.chats != 1 || args.subscribers != 1000 {
+        r.note("the issue's targets are stated for 1 chat × 1,000 subscribers");
+    }
+    r.note("loadgen and server share this machine's cores: the load generator's own CPU use lowers both servers' maxima");
+    Ok(r)
+}

@@ -1,0 +1,9 @@
+//! One module per scenario (each a subcommand).
+
+pub mod connections;
+pub mod drafts;
+pub mod durable;
+pub mod fanout;
+pub mod reconnect;
+pub mod recovery;
+pub mod store;
