@@ -180,7 +180,7 @@ fn serve() -> anyhow::Result<()> {
         ),
         None => std::sync::Arc::new(tandem::store::MemoryJournal::new()),
     };
-    let listener = std::net::TcpListener::bind(args.bind)
+    let listener = tandem::server::bind(args.bind)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.bind))?;
     let addr = listener.local_addr()?;
     match &config.data_dir {

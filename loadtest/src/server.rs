@@ -108,10 +108,11 @@ pub fn scratch_dir() -> PathBuf {
 /// defaults (256 connections, 5,000 dispatches/s per connection) are meant
 /// for people, not for thousands of simulated clients. Flags the user passes
 /// with `--server-arg` win; flags the binary lacks are skipped.
-pub const LOAD_TEST_LIMITS: [(&str, &str); 3] = [
+pub const LOAD_TEST_LIMITS: [(&str, &str); 4] = [
     ("--max-connections-per-token", "1000000"),
     ("--max-sessions-per-token", "1000000"),
     ("--dispatches-per-sec", "1000000000"),
+    ("--max-subscriptions-per-connection", "1000000"),
 ];
 
 fn load_test_limits(opts: &ServerOpts) -> anyhow::Result<Vec<String>> {

@@ -42,6 +42,20 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     }))
 }
 
+/// Pending connections the kernel queues before `accept`: a reconnect storm
+/// of thousands of clients must not overflow it (the default is 128).
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// Bind a listening socket on `addr` with a deep accept backlog.
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
+}
+
 /// Serve AHP on `listener` until `shutdown` resolves, then stop gracefully:
 /// connections are closed with a reason and in-flight work finishes.
 ///
