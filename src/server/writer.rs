@@ -93,10 +93,12 @@ pub async fn run(
                 } else {
                     tracing::info!(conn = out.id().0, ?cause, "closing connection");
                 }
-                conn.do_send(WriterGone);
+                // Close first, then let the connection actor go: stopping it
+                // drops the socket, which would lose the close frame.
                 let _ =
                     tokio::time::timeout(CLOSE_GRACE, session.close(Some(close_reason(&cause))))
                         .await;
+                conn.do_send(WriterGone);
                 return;
             }
         }

@@ -437,6 +437,18 @@ impl ServerProcess {
         panic!("server at {} never accepted a connection", self.addr);
     }
 
+    /// Wait for the process to exit on its own.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// SIGKILL: no shutdown, no flush, no goodbye.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

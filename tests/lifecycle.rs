@@ -1,0 +1,102 @@
+//! Heartbeat and graceful shutdown.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::json;
+use tandem::Config;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_socket_is_closed_after_the_idle_timeout() {
+    let config = Config {
+        heartbeat_interval: Duration::from_millis(200),
+        idle_timeout: Duration::from_millis(800),
+        ..Config::default()
+    };
+    let server = TestServer::start_with(config).await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(server.url())
+        .await
+        .expect("connect");
+    // Say nothing and read nothing (so no pong goes back) for a while.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let close = tokio::time::timeout(WAIT, async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(c))) => return Ok(c),
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Err(e.to_string()),
+                None => return Err("stream ended".into()),
+            }
+        }
+    })
+    .await
+    .expect("closed in time");
+    // The server closes with "idle …"; a client that was not reading may
+    // instead see the socket gone when it answers the queued pings.
+    match close {
+        Ok(Some(c)) => assert!(c.reason.contains("idle"), "{c:?}"),
+        Ok(None) => panic!("closed without a reason"),
+        Err(e) => assert!(
+            e.contains("Broken pipe") || e.contains("reset") || e.contains("ended"),
+            "{e}"
+        ),
+    }
+    // An active client is not affected.
+    let c = server.client("active").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.client
+        .ping()
+        .await
+        .expect("an active client stays connected");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_sockets_with_a_reason_and_keeps_what_was_accepted() {
+    let dir = temp_dir("term");
+    let data = dir.join("data");
+    let mut server = ServerProcess::spawn(&data, &[]);
+    let mut c = server.client("c").await;
+    let (_s, chat) = c.create_session().await;
+    let seq = c
+        .dispatch(&chat, action(json!({"type": "chat/draftChanged", "draft": {"text": "keep me", "origin": {"kind": "user"}}})))
+        .await;
+    assert!(c.wait_echo(None, seq).await.rejection_reason.is_none());
+    let (mut ws, _) = tokio_tungstenite::connect_async(server.url())
+        .await
+        .expect("connect");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let close = tokio::time::timeout(WAIT, async {
+        while let Some(Ok(m)) = ws.next().await {
+            if let Message::Close(c) = m {
+                return c;
+            }
+        }
+        None
+    })
+    .await
+    .expect("closed in time")
+    .expect("a close frame");
+    assert_eq!(close.code, CloseCode::Away);
+    assert!(close.reason.contains("shutting down"), "{close:?}");
+    let exited = server
+        .wait_exit(Duration::from_secs(20))
+        .expect("the server exits by itself");
+    assert!(exited.success(), "clean exit: {exited:?}");
+    // What was accepted is there after the restart.
+    let server = ServerProcess::spawn(&data, &[]);
+    let c = server.client("after").await;
+    let state = c.subscribe_chat(&chat).await.state;
+    assert_eq!(state.draft.map(|d| d.text).as_deref(), Some("keep me"));
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
