@@ -42,7 +42,13 @@ async fn soak_keeps_memory_flat_and_honest_clients_converged() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(20);
     let dir = temp_dir("soak");
-    let server = ServerProcess::spawn(&dir.join("data"), &["--max-frame-bytes", "65536"]);
+    // A small replay ring fills during warm-up, so what remains is growth
+    // that should not be there (the default ring holds 100,000 envelopes and
+    // would still be filling).
+    let server = ServerProcess::spawn(
+        &dir.join("data"),
+        &["--max-frame-bytes", "65536", "--replay-ring-len", "2000"],
+    );
     let pid = server.pid();
     let owner = server.client("owner").await;
     let mut chats = Vec::new();

@@ -853,15 +853,7 @@ impl Handler<Subscribe> for ChatActor {
     type Result = Result<SnapshotJson, RpcError>;
 
     fn handle(&mut self, msg: Subscribe, _: &mut Self::Context) -> Self::Result {
-        let state =
-            serde_json::to_string(&self.state).map_err(|e| RpcError::internal(e.to_string()))?;
-        let core = &self.core;
-        Ok(core
-            .shared
-            .publisher
-            .subscribe_at(&core.hub, &msg.conn, |from| {
-                SnapshotJson::new(&core.uri, &state, from)
-            }))
+        self.core.subscribe(&msg.conn, &self.state)
     }
 }
 

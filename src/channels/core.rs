@@ -133,6 +133,20 @@ impl ChannelCore {
         }
     }
 
+    /// Register `conn` and return the snapshot of `state` at the current
+    /// `serverSeq` (later envelopes of this channel all reach `conn`).
+    pub fn subscribe(
+        &self,
+        conn: &Arc<Outbound>,
+        state: &impl serde::Serialize,
+    ) -> Result<super::SnapshotJson, crate::protocol::RpcError> {
+        let state = serde_json::to_string(state)
+            .map_err(|e| crate::protocol::RpcError::internal(e.to_string()))?;
+        Ok(self.shared.publisher.subscribe_at(&self.hub, conn, |from| {
+            super::SnapshotJson::new(&self.uri, &state, from)
+        }))
+    }
+
     /// Send a rejection echo to the dispatcher only.
     pub fn reject(
         &self,
