@@ -163,17 +163,19 @@ impl ChatActor {
                 self.unreadable = true;
             }
         }
-        for p in std::mem::take(&mut self.inputs).into_values() {
-            let _ = p.reply.send(Settlement::with_reason(
-                Outcome::Aborted,
-                "the store is unavailable",
-            ));
-        }
-        for p in std::mem::take(&mut self.tools).into_values() {
-            let _ = p.reply.send(Settlement::with_reason(
-                Outcome::Aborted,
-                "the store is unavailable",
-            ));
+        self.abort_all("the store is unavailable");
+    }
+
+    /// Settle every open interaction `aborted` (the chat takes no more input).
+    fn abort_all(&mut self, reason: &str) {
+        let inputs = std::mem::take(&mut self.inputs)
+            .into_values()
+            .map(|p| p.reply);
+        let tools = std::mem::take(&mut self.tools)
+            .into_values()
+            .map(|p| p.reply);
+        for reply in inputs.chain(tools) {
+            let _ = reply.send(Settlement::with_reason(Outcome::Aborted, reason));
         }
     }
 
@@ -1160,18 +1162,7 @@ impl Handler<DisposeChat> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, _: DisposeChat, ctx: &mut Self::Context) {
-        for p in std::mem::take(&mut self.inputs).into_values() {
-            let _ = p.reply.send(Settlement::with_reason(
-                Outcome::Aborted,
-                "the chat was disposed",
-            ));
-        }
-        for p in std::mem::take(&mut self.tools).into_values() {
-            let _ = p.reply.send(Settlement::with_reason(
-                Outcome::Aborted,
-                "the chat was disposed",
-            ));
-        }
+        self.abort_all("the chat was disposed");
         if let (Some(t), Some(agent)) = (
             &self.state.active_turn,
             self.core.shared.providers.get(&self.provider),
