@@ -5,8 +5,8 @@
 //! one short critical section, the [`Publisher`] lock: assign the next
 //! `serverSeq`, append the envelope to the replay ring, and push the frame to
 //! every subscriber's [`Outbound`] queue. Pushing never awaits a socket, so the
-//! section stays short; each connection's writer task drains its queue in the
-//! order the frames were pushed, which is `serverSeq` order.
+//! section stays short; each connection's socket takes its queue in the order
+//! the frames were pushed, which is `serverSeq` order.
 
 pub mod outbound;
 

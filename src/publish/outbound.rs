@@ -1,11 +1,13 @@
 //! A connection's outbound queue, bounded in bytes.
 //!
 //! Publishers (chat, session and root actors) push frames without ever
-//! awaiting; the connection's writer task pops them and awaits the socket.
-//! When the queued bytes of *pushed* frames (envelopes, notifications) would
-//! pass the limit the connection is marked for eviction: the queue is dropped
-//! and the writer closes the socket with a reason. The client recovers
-//! everything with `reconnect` (invariant 5).
+//! awaiting; the connection's socket side ([`crate::server`]'s response body)
+//! takes everything queued in one go and writes it with one socket write, so
+//! a burst of envelopes costs one wake-up and one system call per connection
+//! rather than one per frame. When the queued bytes of *pushed* frames
+//! (envelopes, notifications) would pass the limit the connection is marked
+//! for eviction: the queue is dropped and the socket is closed with a reason.
+//! The client recovers everything with `reconnect` (invariant 5).
 //!
 //! Replies to the client's own requests are not counted against the limit:
 //! the client asked for them, and a `reconnect` replay after an eviction is
@@ -14,10 +16,11 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
+use bytes::Bytes;
 use bytestring::ByteString;
 use parking_lot::Mutex;
-use tokio::sync::Notify;
 
 /// Identifies one WebSocket connection for the life of the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -25,29 +28,49 @@ pub struct ConnId(pub u64);
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
-/// Why a connection's writer must close the socket.
+/// Why a connection's socket must close.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CloseCause {
     /// The client read too slowly and its queue passed the byte limit.
     Overflow,
     /// A protocol violation that leaves no id to answer (e.g. oversize frame).
     Protocol(String),
+    /// The client closed, or the connection ended on the server's side.
+    Normal,
     /// The server is going away.
     Shutdown,
 }
 
-/// A queued frame and whether it counts against the limit.
-pub struct Frame {
-    /// The text to write.
-    pub data: ByteString,
-    /// Counted in `bytes` (pushed, not a reply).
-    counted: bool,
+/// One queued frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// A text frame (JSON-RPC); `counted` when it counts against the limit
+    /// (pushed, not a reply).
+    Text {
+        /// The text to write.
+        data: ByteString,
+        /// Counted in the queue's bytes.
+        counted: bool,
+    },
+    /// A ping (heartbeat).
+    Ping,
+    /// A pong answering the client's ping with its payload.
+    Pong(Bytes),
+}
+
+/// What the socket side took from the queue: frames to write in order, then,
+/// if set, the close to send.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// Frames to write, in order.
+    pub frames: VecDeque<Frame>,
+    /// Close the socket for this cause after the frames.
+    pub close: Option<CloseCause>,
 }
 
 struct State {
     frames: VecDeque<Frame>,
-    /// Bytes of counted frames in `frames` and `held`, plus the counted frame
-    /// the writer is sending.
+    /// Bytes of counted frames in `frames` and `held`.
     bytes: usize,
     /// Highest `serverSeq` pushed to this connection.
     last_seq: u64,
@@ -55,6 +78,17 @@ struct State {
     gated: bool,
     held: VecDeque<Frame>,
     close: Option<CloseCause>,
+    /// The socket side waiting for frames.
+    waker: Option<Waker>,
+    /// Times the socket side took frames (wrapping), and the count the last
+    /// heartbeat saw.
+    takes: u32,
+    seen_takes: u32,
+    /// The last heartbeat queued a ping.
+    pinged: bool,
+    /// Consecutive heartbeats at which nothing was taken since the previous
+    /// one, whose ping therefore still waits.
+    stale_beats: u32,
 }
 
 /// One connection's outbound frames, in the order they must be written.
@@ -64,16 +98,31 @@ pub struct Outbound {
     /// Sessions this connection may see (`None`: all); filters session-scoped
     /// notifications such as `root/sessionAdded`.
     scope: Option<Arc<HashSet<String>>>,
+    /// When the client last sent a frame (ms since the epoch).
+    last_rx_ms: AtomicU64,
     state: Mutex<State>,
-    wake: Notify,
 }
 
-/// What the writer should do next.
-pub enum Next {
-    /// Write this frame, then hand it back to [`Outbound::sent`].
-    Frame(Frame),
-    /// Close the socket for this cause.
-    Close(CloseCause),
+/// Milliseconds since the Unix epoch (activity stamps).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What the heartbeat found on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beat {
+    /// A ping was queued.
+    Pinged,
+    /// The client sent nothing for longer than the idle timeout: closing.
+    Idle,
+    /// Pings waited for as many heartbeats as `stuck_beats` without the
+    /// socket taking anything (the peer stopped reading): evicted.
+    Stuck,
+    /// Already closing.
+    Closing,
 }
 
 impl Outbound {
@@ -88,6 +137,7 @@ impl Outbound {
             id: ConnId(NEXT_CONN.fetch_add(1, Ordering::Relaxed)),
             limit_bytes,
             scope,
+            last_rx_ms: AtomicU64::new(now_ms()),
             state: Mutex::new(State {
                 frames: VecDeque::new(),
                 bytes: 0,
@@ -95,8 +145,12 @@ impl Outbound {
                 gated: false,
                 held: VecDeque::new(),
                 close: None,
+                waker: None,
+                takes: 0,
+                seen_takes: 0,
+                pinged: false,
+                stale_beats: 0,
             }),
-            wake: Notify::new(),
         }
     }
 
@@ -120,64 +174,94 @@ impl Outbound {
         self.state.lock().close.is_some()
     }
 
-    fn push_locked(&self, st: &mut State, frame: ByteString) -> bool {
+    /// The client sent a frame just now.
+    pub fn received(&self) {
+        self.last_rx_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Queue `frame`; returns the socket side's waker, to call once the lock
+    /// is released.
+    fn enqueue(st: &mut State, frame: Frame) -> Option<Waker> {
+        st.frames.push_back(frame);
+        st.waker.take()
+    }
+
+    fn push_locked(&self, st: &mut State, data: ByteString) -> (bool, Option<Waker>) {
         if st.close.is_some() {
-            return false;
+            return (false, None);
         }
-        if st.bytes + frame.len() > self.limit_bytes {
+        if st.bytes + data.len() > self.limit_bytes {
             st.frames.clear();
             st.held.clear();
+            st.bytes = 0;
             st.close = Some(CloseCause::Overflow);
-            self.wake.notify_one();
-            return false;
+            return (false, st.waker.take());
         }
-        st.bytes += frame.len();
-        let frame = Frame {
-            data: frame,
+        st.bytes += data.len();
+        let frame = Frame::Text {
+            data,
             counted: true,
         };
         if st.gated {
             st.held.push_back(frame);
+            (true, None)
         } else {
-            st.frames.push_back(frame);
-            self.wake.notify_one();
+            (true, Self::enqueue(st, frame))
         }
-        true
     }
 
     /// Push an action envelope frame carrying `seq`.
     pub fn push_envelope(&self, seq: u64, frame: ByteString) {
-        let mut st = self.state.lock();
-        if self.push_locked(&mut st, frame) {
-            st.last_seq = st.last_seq.max(seq);
-        }
+        let waker = {
+            let mut st = self.state.lock();
+            let (pushed, waker) = self.push_locked(&mut st, frame);
+            if pushed {
+                st.last_seq = st.last_seq.max(seq);
+            }
+            waker
+        };
+        wake(waker);
     }
 
     /// Push a notification frame (counted against the limit).
     pub fn push_frame(&self, frame: ByteString) {
-        let mut st = self.state.lock();
-        self.push_locked(&mut st, frame);
+        let waker = self.push_locked(&mut self.state.lock(), frame).1;
+        wake(waker);
     }
 
     /// Queue a reply to one of the client's requests (not counted).
-    pub fn push_reply(&self, frame: ByteString) {
-        let mut st = self.state.lock();
-        if st.close.is_some() {
-            return;
-        }
-        st.frames.push_back(Frame {
-            data: frame,
+    pub fn push_reply(&self, data: ByteString) {
+        self.push_uncounted(Frame::Text {
+            data,
             counted: false,
         });
-        self.wake.notify_one();
+    }
+
+    /// Queue a pong answering the client's ping.
+    pub fn push_pong(&self, payload: Bytes) {
+        self.push_uncounted(Frame::Pong(payload));
+    }
+
+    fn push_uncounted(&self, frame: Frame) {
+        let waker = {
+            let mut st = self.state.lock();
+            if st.close.is_some() {
+                return;
+            }
+            Self::enqueue(&mut st, frame)
+        };
+        wake(waker);
     }
 
     /// Push a frame built from the last `serverSeq` sent here (rejection echoes
     /// carry it), atomically with reading it.
     pub fn push_with_last_seq(&self, build: impl FnOnce(u64) -> ByteString) {
-        let mut st = self.state.lock();
-        let frame = build(st.last_seq);
-        self.push_locked(&mut st, frame);
+        let waker = {
+            let mut st = self.state.lock();
+            let frame = build(st.last_seq);
+            self.push_locked(&mut st, frame).1
+        };
+        wake(waker);
     }
 
     /// Hold later pushes until [`Outbound::ungate_with`], so a reply built
@@ -189,64 +273,93 @@ impl Outbound {
     /// Queue `reply` (if any, not counted) and then everything held, and stop
     /// holding.
     pub fn ungate_with(&self, reply: Option<ByteString>) {
-        let mut st = self.state.lock();
-        st.gated = false;
-        if let (Some(reply), None) = (reply, &st.close) {
-            st.frames.push_back(Frame {
-                data: reply,
-                counted: false,
-            });
-        }
-        let held = std::mem::take(&mut st.held);
-        st.frames.extend(held);
-        self.wake.notify_one();
-    }
-
-    /// Ask the writer to close the socket.
-    pub fn close(&self, cause: CloseCause) {
-        let mut st = self.state.lock();
-        if st.close.is_none() {
-            st.close = Some(cause);
-        }
-        self.wake.notify_one();
-    }
-
-    /// Wait for the next frame to write, or the close cause. Frames queued
-    /// before a close (other than overflow, which drops them) are written first.
-    pub async fn next(&self) -> Next {
-        loop {
-            {
-                let mut st = self.state.lock();
-                if let Some(cause) = &st.close {
-                    if *cause == CloseCause::Overflow || st.frames.is_empty() {
-                        return Next::Close(cause.clone());
-                    }
-                }
-                if let Some(f) = st.frames.pop_front() {
-                    return Next::Frame(f);
-                }
-            }
-            self.wake.notified().await;
-        }
-    }
-
-    /// Resolves once the connection is evicted for overflow (the writer uses
-    /// this to stop waiting on a socket whose peer stopped reading).
-    pub async fn evicted(&self) {
-        loop {
-            if self.state.lock().close == Some(CloseCause::Overflow) {
-                return;
-            }
-            self.wake.notified().await;
-        }
-    }
-
-    /// The writer finished with a frame (written or dropped).
-    pub fn sent(&self, frame: &Frame) {
-        if frame.counted {
+        let waker = {
             let mut st = self.state.lock();
-            st.bytes = st.bytes.saturating_sub(frame.data.len());
+            st.gated = false;
+            if let (Some(data), None) = (reply, &st.close) {
+                st.frames.push_back(Frame::Text {
+                    data,
+                    counted: false,
+                });
+            }
+            let held = std::mem::take(&mut st.held);
+            st.frames.extend(held);
+            if st.frames.is_empty() {
+                None
+            } else {
+                st.waker.take()
+            }
+        };
+        wake(waker);
+    }
+
+    /// Ask the socket side to close the connection (after the frames queued
+    /// so far, unless the cause is an overflow).
+    pub fn close(&self, cause: CloseCause) {
+        let waker = {
+            let mut st = self.state.lock();
+            if st.close.is_none() {
+                st.close = Some(cause);
+            }
+            st.waker.take()
+        };
+        wake(waker);
+    }
+
+    /// Take everything queued, or register `cx` to be woken when there is
+    /// something. Taken frames no longer count against the limit: from here
+    /// on the socket's own (bounded) write buffer holds them, and while the
+    /// peer does not read, the socket side stops taking.
+    pub fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Taken> {
+        let mut st = self.state.lock();
+        if st.frames.is_empty() && st.close.is_none() {
+            if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                st.waker = Some(cx.waker().clone());
+            }
+            return Poll::Pending;
         }
+        st.bytes = st.held.iter().map(counted_len).sum();
+        st.takes = st.takes.wrapping_add(1);
+        Poll::Ready(Taken {
+            frames: std::mem::take(&mut st.frames),
+            close: st.close.clone(),
+        })
+    }
+
+    /// The heartbeat, once per interval: close a connection whose client sent
+    /// nothing for `idle_timeout_ms`, evict one that took nothing (not even
+    /// the last ping) for `stuck_beats` intervals, otherwise queue a ping.
+    pub fn beat(&self, idle_timeout_ms: u64, stuck_beats: u32) -> Beat {
+        let idle_ms = now_ms().saturating_sub(self.last_rx_ms.load(Ordering::Relaxed));
+        let (beat, waker) = {
+            let mut st = self.state.lock();
+            if st.close.is_some() {
+                return Beat::Closing;
+            }
+            st.stale_beats = if st.pinged && st.takes == st.seen_takes {
+                st.stale_beats + 1
+            } else {
+                0
+            };
+            st.seen_takes = st.takes;
+            if idle_ms > idle_timeout_ms {
+                st.close = Some(CloseCause::Protocol(format!(
+                    "idle for {idle_ms} ms without any frame"
+                )));
+                (Beat::Idle, st.waker.take())
+            } else if st.stale_beats >= stuck_beats.max(1) {
+                st.frames.clear();
+                st.held.clear();
+                st.bytes = 0;
+                st.close = Some(CloseCause::Overflow);
+                (Beat::Stuck, st.waker.take())
+            } else {
+                st.pinged = true;
+                (Beat::Pinged, Self::enqueue(&mut st, Frame::Ping))
+            }
+        };
+        wake(waker);
+        beat
     }
 
     /// Queued bytes (for metrics and tests).
@@ -254,31 +367,99 @@ impl Outbound {
         self.state.lock().bytes
     }
 
+    /// Take the queued text frames (tests without a socket).
     #[cfg(test)]
     pub(crate) fn drain_for_test(&self) -> Vec<ByteString> {
         let mut st = self.state.lock();
-        st.bytes = 0;
-        st.frames.drain(..).map(|f| f.data).collect()
+        st.bytes = st.held.iter().map(counted_len).sum();
+        st.frames
+            .drain(..)
+            .filter_map(|f| match f {
+                Frame::Text { data, .. } => Some(data),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn counted_len(f: &Frame) -> usize {
+    match f {
+        Frame::Text {
+            data,
+            counted: true,
+        } => data.len(),
+        _ => 0,
+    }
+}
+
+fn wake(waker: Option<Waker>) {
+    if let Some(w) = waker {
+        w.wake();
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
     use super::*;
 
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Counter(AtomicUsize);
+
+    impl Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn texts(taken: &Taken) -> Vec<String> {
+        taken
+            .frames
+            .iter()
+            .map(|f| match f {
+                Frame::Text { data, .. } => data.to_string(),
+                Frame::Ping => "<ping>".into(),
+                Frame::Pong(p) => format!("<pong {}>", String::from_utf8_lossy(p)),
+            })
+            .collect()
+    }
+
+    fn take(o: &Outbound) -> Option<Taken> {
+        let waker = Arc::new(Counter::default()).into();
+        match o.poll_take(&mut Context::from_waker(&waker)) {
+            Poll::Ready(t) => Some(t),
+            Poll::Pending => None,
+        }
+    }
+
     #[test]
-    fn overflow_drops_the_queue_and_marks_close() {
+    fn overflow_drops_the_queue_and_closes() {
         let o = Outbound::new(10);
         o.push_frame("12345".into());
         o.push_frame("12345".into());
         assert!(!o.is_closing());
+        assert_eq!(o.queued_bytes(), 10);
         o.push_frame("x".into());
         assert!(o.is_closing());
-        assert_eq!(
-            o.queued_bytes(),
-            10,
-            "bytes stay counted until the writer closes"
-        );
+        let t = take(&o).expect("the close is ready");
+        assert!(t.frames.is_empty(), "an evicted queue is dropped");
+        assert_eq!(t.close, Some(CloseCause::Overflow));
+        o.push_reply("late".into());
+        assert!(take(&o).unwrap().frames.is_empty(), "nothing after a close");
+    }
+
+    #[test]
+    fn taking_frees_the_budget() {
+        let o = Outbound::new(10);
+        o.push_frame("12345".into());
+        o.push_frame("12345".into());
+        assert_eq!(texts(&take(&o).unwrap()), ["12345", "12345"]);
+        assert_eq!(o.queued_bytes(), 0);
+        o.push_frame("1234567890".into());
+        assert!(!o.is_closing());
     }
 
     #[test]
@@ -287,9 +468,10 @@ mod tests {
         o.push_frame("a".into());
         o.gate();
         o.push_envelope(5, "env".into());
+        assert_eq!(texts(&take(&o).unwrap()), ["a"], "held frames wait");
+        assert_eq!(o.queued_bytes(), 3, "held frames stay counted");
         o.ungate_with(Some("reply".into()));
-        let frames: Vec<String> = o.drain_for_test().iter().map(|f| f.to_string()).collect();
-        assert_eq!(frames, ["a", "reply", "env"]);
+        assert_eq!(texts(&take(&o).unwrap()), ["reply", "env"]);
         assert_eq!(o.last_seq(), 5);
     }
 
@@ -306,18 +488,74 @@ mod tests {
         assert_eq!(o.queued_bytes(), 5);
     }
 
-    #[tokio::test]
-    async fn writer_sees_frames_then_close() {
+    #[test]
+    fn frames_queued_before_a_close_are_taken_with_it() {
         let o = Outbound::new(1000);
         o.push_frame("a".into());
+        o.push_pong(Bytes::from_static(b"p"));
         o.close(CloseCause::Shutdown);
-        match o.next().await {
-            Next::Frame(f) => {
-                assert_eq!(&*f.data, "a");
-                o.sent(&f);
-            }
-            Next::Close(_) => panic!("frame first"),
+        o.close(CloseCause::Normal);
+        let t = take(&o).unwrap();
+        assert_eq!(texts(&t), ["a", "<pong p>"]);
+        assert_eq!(t.close, Some(CloseCause::Shutdown), "the first cause wins");
+    }
+
+    #[test]
+    fn one_wake_per_batch() {
+        let o = Outbound::new(1000);
+        let counter = Arc::new(Counter::default());
+        let waker = counter.clone().into();
+        let mut cx = Context::from_waker(&waker);
+        assert!(o.poll_take(&mut cx).is_pending());
+        for i in 0..10 {
+            o.push_envelope(i, "e".into());
         }
-        assert!(matches!(o.next().await, Next::Close(CloseCause::Shutdown)));
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst),
+            1,
+            "pushes before the next take wake once"
+        );
+        match o.poll_take(&mut cx) {
+            Poll::Ready(t) => assert_eq!(t.frames.len(), 10),
+            Poll::Pending => panic!("frames are queued"),
+        }
+        assert!(o.poll_take(&mut cx).is_pending());
+        o.push_frame("n".into());
+        assert_eq!(counter.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn heartbeat_pings_then_evicts_a_peer_that_takes_nothing() {
+        let o = Outbound::new(1000);
+        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
+        assert_eq!(texts(&take(&o).unwrap()), ["<ping>"]);
+        // The socket keeps taking: never stuck.
+        for _ in 0..5 {
+            assert_eq!(o.beat(60_000, 3), Beat::Pinged);
+            take(&o).unwrap();
+        }
+        // The socket stops taking: the third beat without a take evicts.
+        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
+        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
+        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
+        assert_eq!(o.beat(60_000, 3), Beat::Stuck);
+        assert_eq!(take(&o).unwrap().close, Some(CloseCause::Overflow));
+        assert_eq!(o.beat(60_000, 3), Beat::Closing);
+    }
+
+    #[test]
+    fn heartbeat_closes_an_idle_client() {
+        let o = Outbound::new(1000);
+        o.last_rx_ms.store(now_ms() - 5_000, Ordering::Relaxed);
+        assert_eq!(o.beat(10_000, 3), Beat::Pinged);
+        o.received();
+        assert_eq!(o.beat(10_000, 3), Beat::Pinged);
+        o.last_rx_ms.store(now_ms() - 11_000, Ordering::Relaxed);
+        assert_eq!(o.beat(10_000, 3), Beat::Idle);
+        let close = take(&o).unwrap().close;
+        assert!(
+            matches!(&close, Some(CloseCause::Protocol(m)) if m.starts_with("idle for")),
+            "{close:?}"
+        );
     }
 }

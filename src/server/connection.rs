@@ -6,13 +6,12 @@
 //! envelopes after it (the queue is gated while the snapshot is taken).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
+use actix_http::body::MessageBody;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
-use actix_ws::{AggregatedMessage, ProtocolError, Session};
 use ahp_types::actions::ActionOrigin;
 use ahp_types::commands::{
     CreateChatParams, CreateSessionParams, DispatchActionParams, DisposeChatParams,
@@ -24,7 +23,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::writer::{self, now_ms};
+use super::socket::{Inbound, OutBody, ReadError, Received};
 use super::AppState;
 use crate::auth::{AuthError, Principal};
 use crate::channels::chat::FetchTurns;
@@ -91,49 +90,38 @@ pub async fn ahp_ws(
         }
         *n += 1;
     }
-    let (res, session, stream) = match actix_ws::handle(&req, body) {
+    let handshake = match actix_http::ws::handshake(req.head()) {
         Ok(ok) => ok,
         Err(e) => {
             release_token_slot(shared, &principal.subject);
-            return Err(e);
+            return Err(e.into());
         }
     };
     let cfg = &state.shared.config;
-    let stream = stream
-        .max_frame_size(cfg.max_frame_bytes)
-        .aggregate_continuations()
-        .max_continuation_size(cfg.max_frame_bytes);
+    let inbound = Inbound::new(body.into_inner(), cfg.max_frame_bytes);
     let out = Arc::new(Outbound::scoped(
         cfg.outbound_limit_bytes,
         principal.sessions.clone(),
     ));
-    let last_rx_ms = Arc::new(AtomicU64::new(now_ms()));
     state.shared.connections.insert(out.id(), out.clone());
     let conn = Connection {
         shared: state.shared.clone(),
         root: state.root.clone(),
         out: out.clone(),
-        session: session.clone(),
         client_id: None,
         subs: HashSet::new(),
         providers: HashSet::new(),
         principal,
         bucket: (cfg.limits.dispatch_burst, std::time::Instant::now()),
-        last_rx_ms: last_rx_ms.clone(),
     };
     let addr = Connection::create(move |ctx| {
-        ctx.add_stream(stream);
+        ctx.add_stream(inbound);
         conn
     });
-    actix_web::rt::spawn(writer::run(
-        out,
-        session,
-        addr,
-        last_rx_ms,
-        cfg.heartbeat_interval,
-        cfg.idle_timeout,
-    ));
-    Ok(res)
+    let mut handshake = handshake;
+    Ok(handshake
+        .message_body(OutBody::new(out, addr).boxed())?
+        .into())
 }
 
 /// The bearer token of an upgrade request: `Authorization: Bearer …`, or a
@@ -169,8 +157,6 @@ pub struct Connection {
     shared: Arc<Shared>,
     root: Addr<RootActor>,
     out: Arc<Outbound>,
-    /// For pongs; frames go through `out`.
-    session: Session,
     /// Set by `initialize` or `reconnect`.
     client_id: Option<String>,
     /// Channels this connection is subscribed to.
@@ -181,7 +167,6 @@ pub struct Connection {
     principal: Principal,
     /// Dispatch token bucket: tokens left, last refill.
     bucket: (f64, std::time::Instant),
-    last_rx_ms: Arc<AtomicU64>,
 }
 
 impl Actor for Connection {
@@ -198,54 +183,43 @@ impl Actor for Connection {
         }
         release_token_slot(&self.shared, &self.principal.subject);
         self.shared.connections.remove(&self.out.id());
-        self.out.close(CloseCause::Shutdown);
+        self.out.close(CloseCause::Normal);
         Running::Stop
     }
 }
 
-/// The writer ended (socket closed or connection evicted).
+/// The socket is gone (closed or failed).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct WriterGone;
+pub struct SocketGone;
 
-impl Handler<WriterGone> for Connection {
+impl Handler<SocketGone> for Connection {
     type Result = ();
 
-    fn handle(&mut self, _: WriterGone, ctx: &mut Self::Context) {
+    fn handle(&mut self, _: SocketGone, ctx: &mut Self::Context) {
         ctx.stop();
     }
 }
 
-impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Connection {
-    fn handle(&mut self, item: Result<AggregatedMessage, ProtocolError>, ctx: &mut Self::Context) {
-        self.last_rx_ms.store(now_ms(), Ordering::Relaxed);
+impl StreamHandler<Result<Received, ReadError>> for Connection {
+    fn handle(&mut self, item: Result<Received, ReadError>, ctx: &mut Self::Context) {
+        self.out.received();
         match item {
-            Ok(AggregatedMessage::Text(text)) => self.on_text(&text, ctx),
-            Ok(AggregatedMessage::Binary(_)) => self.reply_error(
+            Ok(Received::Text(text)) => self.on_text(&text, ctx),
+            Ok(Received::Binary) => self.reply_error(
                 &Value::Null,
                 RpcError::invalid_request(
                     "binary frames are not supported: send one JSON-RPC message per text frame",
                 ),
             ),
-            Ok(AggregatedMessage::Ping(bytes)) => {
-                let mut session = self.session.clone();
-                actix::spawn(async move {
-                    let _ = session.pong(&bytes).await;
-                });
-            }
-            Ok(AggregatedMessage::Pong(_)) => {}
-            Ok(AggregatedMessage::Close(reason)) => {
+            Ok(Received::Ping(bytes)) => self.out.push_pong(bytes),
+            Ok(Received::Pong) => {}
+            Ok(Received::Close(reason)) => {
                 tracing::debug!(conn = self.out.id().0, ?reason, "client closed");
                 ctx.stop();
             }
             Err(e) => {
-                let limit = self.shared.config.max_frame_bytes;
-                let msg = match e {
-                    ProtocolError::Overflow => {
-                        format!("frame too large: the limit is {limit} bytes")
-                    }
-                    other => format!("WebSocket protocol error: {other}"),
-                };
+                let msg = e.to_string();
                 tracing::info!(conn = self.out.id().0, %msg, "closing on bad frame");
                 self.reply_error(&Value::Null, RpcError::invalid_request(msg.clone()));
                 self.out.close(CloseCause::Protocol(msg));

@@ -2,9 +2,9 @@
 //! embedded browser client at `/`.
 
 pub mod connection;
+mod socket;
 #[path = "web.rs"]
 pub mod web_ui;
-mod writer;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -163,6 +163,11 @@ where
                 .listen(listener)
                 .context("listening")?
                 .run();
+                actix::spawn(socket::heartbeat(
+                    shared.clone(),
+                    config.heartbeat_interval,
+                    config.idle_timeout,
+                ));
                 let _ = ready_tx.send((server.handle(), shared.clone()));
                 server.await.context("serving")?;
                 for a in arbiters {
