@@ -36,6 +36,10 @@ pub struct Config {
     pub outbound_limit_bytes: usize,
     /// Largest accepted WebSocket frame.
     pub max_frame_bytes: usize,
+    /// Least time between two socket writes of pushed frames on one
+    /// connection; frames pushed meanwhile share the next write. Replies,
+    /// pongs and closes never wait. Zero writes every frame at once.
+    pub write_pacing: Duration,
     /// Actix worker threads for HTTP/WebSocket handling.
     pub http_workers: usize,
     /// Arbiter threads the chat and session actors are spread over.
@@ -101,6 +105,7 @@ impl Default for Config {
             turns_window: 50,
             turns_page: 50,
             outbound_limit_bytes: 8 * 1024 * 1024,
+            write_pacing: Duration::from_millis(5),
             max_frame_bytes: 1024 * 1024,
             http_workers: cores,
             actor_threads: cores,

@@ -94,6 +94,11 @@ struct ServeArgs {
     /// Unsent bytes a connection may queue before it is evicted.
     #[arg(long, default_value_t = Config::default().outbound_limit_bytes)]
     outbound_limit_bytes: usize,
+    /// Least milliseconds between two socket writes of pushed frames on one
+    /// connection: under a heavy stream frames share writes. Replies, pongs
+    /// and closes never wait. 0 writes every frame at once.
+    #[arg(long, default_value_t = Config::default().write_pacing.as_secs_f64() * 1000.0)]
+    write_pacing_ms: f64,
     /// Open connections on the server.
     #[arg(long, default_value_t = tandem::Limits::default().max_connections)]
     max_connections: usize,
@@ -170,6 +175,7 @@ fn serve() -> anyhow::Result<()> {
         replay_ring_len: args.replay_ring_len,
         max_replay_bytes: args.max_replay_bytes,
         outbound_limit_bytes: args.outbound_limit_bytes,
+        write_pacing: std::time::Duration::from_secs_f64(args.write_pacing_ms.max(0.0) / 1000.0),
         max_frame_bytes: args.max_frame_bytes,
         ..Config::default()
     };

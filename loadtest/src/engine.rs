@@ -260,7 +260,7 @@ impl Mirror {
         {
             return;
         }
-        match serde_json::from_str::<StateAction>(env.action.get()) {
+        match serde_json::from_str::<StateAction>(env.action) {
             Ok(a) => {
                 apply_action_to_chat(&mut self.state, &a);
             }
@@ -336,7 +336,7 @@ impl Receiver {
         if let Some(m) = self.mirror.as_mut() {
             m.apply(env);
         }
-        let stamp = proto::find_stamp(env.action.get());
+        let stamp = proto::find_stamp(env.action);
         let checker = stamp.and_then(|st| {
             let k = st.publisher.checked_sub(self.pub_base)?;
             self.checkers.get_mut(k as usize)
@@ -632,7 +632,7 @@ async fn echo_reader(
         if env.origin.as_ref().map(|o| o.client_id.as_ref()) != Some(client_id.as_str()) {
             continue;
         }
-        let Some(st) = proto::find_stamp(env.action.get()) else {
+        let Some(st) = proto::find_stamp(env.action) else {
             continue;
         };
         let p = &run.pubs[st.publisher as usize];
@@ -812,6 +812,48 @@ pub struct PhaseTiming {
     pub server_pid: Option<u32>,
 }
 
+/// A single-threaded runtime on its own thread, for the publishers.
+struct PublisherThread {
+    handle: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PublisherThread {
+    fn start() -> anyhow::Result<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the publishers' runtime")?;
+        let handle = rt.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("publishers".into())
+            .spawn(move || {
+                rt.block_on(async {
+                    let _ = stopped.await;
+                })
+            })
+            .context("starting the publishers' thread")?;
+        Ok(Self {
+            handle,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for PublisherThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Run publishers against subscribers already reading; see [`PhaseTiming`].
 pub async fn publish_and_collect(
     run: Arc<Run>,
@@ -878,9 +920,14 @@ pub async fn publish_and_collect(
         })
     };
 
+    // Publishers run on a thread of their own: on the receivers' runtime a
+    // send would wait behind thousands of ready receivers, and that wait
+    // (counted as latency, since stamps carry the due time) is the load
+    // generator's, not the server's.
+    let pub_thread = PublisherThread::start()?;
     let pub_tasks: Vec<JoinHandle<PubReport>> = publishers
         .into_iter()
-        .map(|(p, ws)| tokio::spawn(p.run(ws, run.clone(), start_ns)))
+        .map(|(p, ws)| pub_thread.handle.spawn(p.run(ws, run.clone(), start_ns)))
         .collect();
 
     // Publishers' send loops end by themselves (count or time); their echo
@@ -911,6 +958,7 @@ pub async fn publish_and_collect(
             max_behind_ns = max_behind_ns.max(r.max_behind_ns);
         }
     }
+    drop(pub_thread);
     let mut receivers = Vec::with_capacity(subscribers.len());
     let mut integrity = Integrity::default();
     let mut closed_early = 0;

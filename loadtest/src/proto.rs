@@ -109,13 +109,18 @@ impl Incoming<'_> {
 pub struct EnvelopeLite<'a> {
     #[serde(borrow)]
     pub channel: Cow<'a, str>,
-    #[serde(borrow)]
-    pub action: &'a RawValue,
+    /// The action's raw JSON.
+    #[serde(borrow, deserialize_with = "raw_json")]
+    pub action: &'a str,
     pub server_seq: u64,
     #[serde(borrow, default)]
     pub origin: Option<OriginLite<'a>>,
     #[serde(borrow, default)]
     pub rejection_reason: Option<Cow<'a, str>>,
+}
+
+fn raw_json<'de, D: serde::Deserializer<'de>>(d: D) -> Result<&'de str, D::Error> {
+    <&RawValue>::deserialize(d).map(RawValue::get)
 }
 
 /// `origin` of an envelope.
@@ -143,6 +148,9 @@ struct ActionFrame<'a> {
 
 /// The envelope of a frame if it is an `action` notification.
 pub fn parse_action(text: &str) -> Option<EnvelopeLite<'_>> {
+    if let Some(env) = parse_action_fast(text) {
+        return Some(env);
+    }
     match serde_json::from_str::<ActionFrame>(text) {
         Ok(f) if f.method == "action" => Some(f.params),
         Ok(_) => None,
@@ -150,6 +158,56 @@ pub fn parse_action(text: &str) -> Option<EnvelopeLite<'_>> {
         // notification): the slow path decides.
         Err(_) => parse(text).as_ref().and_then(action_envelope),
     }
+}
+
+/// The receivers' hot path: an accepted envelope in exactly the layout the
+/// server writes (`channel`, `action`, `serverSeq`, optional `origin`, no
+/// escapes outside the action) is cut out without a JSON parser. Anything
+/// else returns `None` and goes through serde.
+///
+/// The action ends at the last `,"serverSeq":` — that byte sequence cannot
+/// occur inside a JSON string (its quote would be escaped), and what follows
+/// it is checked to the end.
+fn parse_action_fast(text: &str) -> Option<EnvelopeLite<'_>> {
+    const HEAD: &str = r#"{"jsonrpc":"2.0","method":"action","params":{"channel":""#;
+    const SEQ: &str = r#","serverSeq":"#;
+    let rest = text.strip_prefix(HEAD)?;
+    let q = rest.find(['"', '\\'])?;
+    let (channel, rest) = (&rest[..q], rest[q..].strip_prefix(r#"","action":"#)?);
+    let k = rest.rfind(SEQ)?;
+    let (action, tail) = (&rest[..k], &rest[k + SEQ.len()..]);
+    let (server_seq, tail) = leading_u64(tail)?;
+    let origin = if tail == "}}" {
+        None
+    } else {
+        let tail = tail.strip_prefix(r#","origin":{"clientId":""#)?;
+        let q = tail.find(['"', '\\'])?;
+        let (client_id, tail) = (&tail[..q], tail[q..].strip_prefix(r#"","clientSeq":"#)?);
+        let (client_seq, tail) = leading_u64(tail)?;
+        if tail != "}}}" {
+            return None;
+        }
+        Some(OriginLite {
+            client_id: Cow::Borrowed(client_id),
+            client_seq,
+        })
+    };
+    if action.is_empty() {
+        return None;
+    }
+    Some(EnvelopeLite {
+        channel: Cow::Borrowed(channel),
+        action,
+        server_seq,
+        origin,
+        rejection_reason: None,
+    })
+}
+
+/// A decimal number at the start of `s`, and what follows it.
+fn leading_u64(s: &str) -> Option<(u64, &str)> {
+    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    Some((s[..end].parse().ok()?, &s[end..]))
 }
 
 /// The envelope of an `action` notification frame.
@@ -205,11 +263,45 @@ mod tests {
         let env = action_envelope(&inc).unwrap();
         assert_eq!(env.server_seq, 17);
         assert_eq!(env.origin.as_ref().unwrap().client_seq, 2);
-        assert_eq!(find_stamp(env.action.get()).unwrap().n, 2);
+        assert_eq!(find_stamp(env.action).unwrap().n, 2);
         assert_eq!(parse_action(f).unwrap().server_seq, 17);
         assert!(parse_action(r#"{"jsonrpc":"2.0","id":5,"result":null}"#).is_none());
         let reply = parse(r#"{"jsonrpc":"2.0","id":5,"result":null}"#).unwrap();
         assert_eq!(reply.id_u64(), Some(5));
         assert!(action_envelope(&reply).is_none());
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_serde() {
+        let frames = [
+            r#"{"jsonrpc":"2.0","method":"action","params":{"channel":"ahp-chat:/c","action":{"type":"chat/draftChanged","draft":{"text":"lt:1:2:3 \",\"serverSeq\":9","origin":{"kind":"user"}}},"serverSeq":17,"origin":{"clientId":"p","clientSeq":2}}}"#,
+            r#"{"jsonrpc":"2.0","method":"action","params":{"channel":"ahp-chat:/c","action":{"serverSeq":5},"serverSeq":18}}"#,
+            r#"{"jsonrpc":"2.0","method":"action","params":{"channel":"ahp-chat:/c","action":{"type":"x"},"serverSeq":19,"origin":{"clientId":"p","clientSeq":3},"rejectionReason":"no"}}"#,
+            r#"{"jsonrpc":"2.0","method":"action","params":{"channel":"ahp-chat:/\u0063","action":{"type":"x"},"serverSeq":20}}"#,
+            r#"{"jsonrpc":"2.0","method":"action","params":{"action":{"type":"x"},"channel":"c","serverSeq":21}}"#,
+        ];
+        for f in frames {
+            let slow: ActionFrame = serde_json::from_str(f).expect(f);
+            let got = parse_action(f).expect(f);
+            assert_eq!(got.channel, slow.params.channel, "{f}");
+            assert_eq!(got.action, slow.params.action, "{f}");
+            assert_eq!(got.server_seq, slow.params.server_seq, "{f}");
+            assert_eq!(got.rejection_reason, slow.params.rejection_reason, "{f}");
+            assert_eq!(
+                got.origin.map(|o| (o.client_id, o.client_seq)),
+                slow.params.origin.map(|o| (o.client_id, o.client_seq)),
+                "{f}"
+            );
+        }
+        assert!(parse_action_fast(frames[0]).is_some());
+        assert!(parse_action_fast(frames[1]).is_some());
+        assert!(
+            parse_action_fast(frames[2]).is_none(),
+            "rejections go through serde"
+        );
+        assert!(
+            parse_action_fast(frames[3]).is_none(),
+            "escapes go through serde"
+        );
     }
 }

@@ -66,7 +66,7 @@ impl RemoteAgent {
         let mut st = self.state.lock();
         st.generation += 1;
         for ((chat, turn_id), (session, _, message)) in &st.turns {
-            conn.push_frame(turn_frame(session, chat, turn_id, message));
+            conn.push_now(turn_frame(session, chat, turn_id, message));
         }
         st.conn = Some(conn);
     }
@@ -130,7 +130,7 @@ impl Agent for RemoteAgent {
         let mut st = self.state.lock();
         let key = (turn.handle.chat.to_string(), turn.handle.turn_id.clone());
         if let Some(conn) = &st.conn {
-            conn.push_frame(turn_frame(&turn.session, &key.0, &key.1, &turn.message));
+            conn.push_now(turn_frame(&turn.session, &key.0, &key.1, &turn.message));
         }
         st.turns
             .insert(key, (turn.session, turn.handle, turn.message));
@@ -140,7 +140,7 @@ impl Agent for RemoteAgent {
         let mut st = self.state.lock();
         st.turns.remove(&(chat.to_owned(), turn_id.to_owned()));
         if let Some(conn) = &st.conn {
-            conn.push_frame(ByteString::from(encode_notification(
+            conn.push_now(ByteString::from(encode_notification(
                 "tandem/turnCancelled",
                 &json!({"channel": chat, "turnId": turn_id}),
             )));

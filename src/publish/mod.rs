@@ -177,14 +177,17 @@ impl Publisher {
         let subs = hub.subscribers.lock();
         let mut origin_delivered = false;
         for s in subs.iter() {
-            if let Some(o) = origin_conn {
-                origin_delivered |= o.id() == s.id();
+            match origin_conn {
+                Some(o) if o.id() == s.id() => {
+                    origin_delivered = true;
+                    s.push_echo(seq, frame.clone());
+                }
+                _ => s.push_envelope(seq, frame.clone()),
             }
-            s.push_envelope(seq, frame.clone());
         }
         drop(subs);
         if let (Some(o), false) = (origin_conn, origin_delivered) {
-            o.push_envelope(seq, frame);
+            o.push_echo(seq, frame);
         }
         if self.ring_len > 0 {
             if st.ring.len() >= self.ring_len {

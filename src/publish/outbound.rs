@@ -16,7 +16,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 
 use bytes::Bytes;
 use bytestring::ByteString;
@@ -68,6 +68,19 @@ pub struct Taken {
     pub close: Option<CloseCause>,
 }
 
+/// The outcome of [`Outbound::poll_take`].
+#[derive(Debug)]
+pub enum Take {
+    /// Everything queued, to write now.
+    Ready(Taken),
+    /// Nothing queued: woken on the next push (the next urgent one when
+    /// holding).
+    Empty,
+    /// Frames are queued but none is urgent, and the caller asked to hold
+    /// them: woken only for an urgent frame (the caller keeps its own timer).
+    Held,
+}
+
 struct State {
     frames: VecDeque<Frame>,
     /// Bytes of counted frames in `frames` and `held`.
@@ -80,6 +93,12 @@ struct State {
     close: Option<CloseCause>,
     /// The socket side waiting for frames.
     waker: Option<Waker>,
+    /// The socket side holds the queued frames until its pacing deadline and
+    /// only wants to be woken for urgent ones.
+    held_back: bool,
+    /// A frame that must not wait for the pacing deadline is queued (a
+    /// reply, a pong, a close).
+    urgent: bool,
     /// Times the socket side took frames (wrapping), and the count the last
     /// heartbeat saw.
     takes: u32,
@@ -146,6 +165,8 @@ impl Outbound {
                 held: VecDeque::new(),
                 close: None,
                 waker: None,
+                held_back: false,
+                urgent: false,
                 takes: 0,
                 seen_takes: 0,
                 pinged: false,
@@ -183,10 +204,21 @@ impl Outbound {
     /// is released.
     fn enqueue(st: &mut State, frame: Frame) -> Option<Waker> {
         st.frames.push_back(frame);
+        if st.held_back {
+            None
+        } else {
+            st.waker.take()
+        }
+    }
+
+    /// Queue a frame that must not wait for the pacing deadline.
+    fn enqueue_urgent(st: &mut State, frame: Frame) -> Option<Waker> {
+        st.frames.push_back(frame);
+        st.urgent = true;
         st.waker.take()
     }
 
-    fn push_locked(&self, st: &mut State, data: ByteString) -> (bool, Option<Waker>) {
+    fn push_locked(&self, st: &mut State, data: ByteString, urgent: bool) -> (bool, Option<Waker>) {
         if st.close.is_some() {
             return (false, None);
         }
@@ -205,17 +237,18 @@ impl Outbound {
         if st.gated {
             st.held.push_back(frame);
             (true, None)
+        } else if urgent {
+            (true, Self::enqueue_urgent(st, frame))
         } else {
             (true, Self::enqueue(st, frame))
         }
     }
 
-    /// Push an action envelope frame carrying `seq`.
-    pub fn push_envelope(&self, seq: u64, frame: ByteString) {
+    fn push_counted(&self, seq: Option<u64>, frame: ByteString, urgent: bool) {
         let waker = {
             let mut st = self.state.lock();
-            let (pushed, waker) = self.push_locked(&mut st, frame);
-            if pushed {
+            let (pushed, waker) = self.push_locked(&mut st, frame, urgent);
+            if let (true, Some(seq)) = (pushed, seq) {
                 st.last_seq = st.last_seq.max(seq);
             }
             waker
@@ -223,13 +256,32 @@ impl Outbound {
         wake(waker);
     }
 
-    /// Push a notification frame (counted against the limit).
-    pub fn push_frame(&self, frame: ByteString) {
-        let waker = self.push_locked(&mut self.state.lock(), frame).1;
-        wake(waker);
+    /// Push an action envelope frame carrying `seq` (someone else's action:
+    /// it may wait for the pacing deadline).
+    pub fn push_envelope(&self, seq: u64, frame: ByteString) {
+        self.push_counted(Some(seq), frame, false);
     }
 
-    /// Queue a reply to one of the client's requests (not counted).
+    /// Push the echo of this connection's own action: the client waits for
+    /// it, so it never waits for the pacing deadline.
+    pub fn push_echo(&self, seq: u64, frame: ByteString) {
+        self.push_counted(Some(seq), frame, true);
+    }
+
+    /// Push a notification frame (counted against the limit).
+    pub fn push_frame(&self, frame: ByteString) {
+        self.push_counted(None, frame, false);
+    }
+
+    /// Push a frame the client is waiting for (the response to one of its
+    /// requests, a notification addressed to it alone), in order with the
+    /// frames pushed before it: counted, never held for pacing.
+    pub fn push_now(&self, frame: ByteString) {
+        self.push_counted(None, frame, true);
+    }
+
+    /// Queue a reply to one of the client's requests (not counted, not
+    /// gated, never held for pacing).
     pub fn push_reply(&self, data: ByteString) {
         self.push_uncounted(Frame::Text {
             data,
@@ -248,18 +300,18 @@ impl Outbound {
             if st.close.is_some() {
                 return;
             }
-            Self::enqueue(&mut st, frame)
+            Self::enqueue_urgent(&mut st, frame)
         };
         wake(waker);
     }
 
     /// Push a frame built from the last `serverSeq` sent here (rejection echoes
-    /// carry it), atomically with reading it.
+    /// carry it), atomically with reading it; never held for pacing.
     pub fn push_with_last_seq(&self, build: impl FnOnce(u64) -> ByteString) {
         let waker = {
             let mut st = self.state.lock();
             let frame = build(st.last_seq);
-            self.push_locked(&mut st, frame).1
+            self.push_locked(&mut st, frame, true).1
         };
         wake(waker);
     }
@@ -281,10 +333,13 @@ impl Outbound {
                     data,
                     counted: false,
                 });
+                st.urgent = true;
             }
             let held = std::mem::take(&mut st.held);
+            // Responses may be among the held frames: do not hold them longer.
+            st.urgent |= !held.is_empty();
             st.frames.extend(held);
-            if st.frames.is_empty() {
+            if st.frames.is_empty() || (st.held_back && !st.urgent) {
                 None
             } else {
                 st.waker.take()
@@ -307,20 +362,29 @@ impl Outbound {
     }
 
     /// Take everything queued, or register `cx` to be woken when there is
-    /// something. Taken frames no longer count against the limit: from here
-    /// on the socket's own (bounded) write buffer holds them, and while the
-    /// peer does not read, the socket side stops taking.
-    pub fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Taken> {
+    /// something. With `hold`, queued frames stay queued unless one is urgent
+    /// (a reply, a pong, a close), and `cx` is woken only for an urgent one
+    /// even when nothing is queued yet: the socket side paces its writes and
+    /// keeps its own deadline.
+    ///
+    /// Taken frames no longer count against the limit: from here on the
+    /// socket's own (bounded) write buffer holds them, and while the peer
+    /// does not read, the socket side stops taking.
+    pub fn poll_take(&self, cx: &mut Context<'_>, hold: bool) -> Take {
         let mut st = self.state.lock();
-        if st.frames.is_empty() && st.close.is_none() {
+        let empty = st.frames.is_empty() && st.close.is_none();
+        if empty || (hold && !st.urgent && st.close.is_none()) {
             if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 st.waker = Some(cx.waker().clone());
             }
-            return Poll::Pending;
+            st.held_back = hold;
+            return if empty { Take::Empty } else { Take::Held };
         }
+        st.held_back = false;
+        st.urgent = false;
         st.bytes = st.held.iter().map(counted_len).sum();
         st.takes = st.takes.wrapping_add(1);
-        Poll::Ready(Taken {
+        Take::Ready(Taken {
             frames: std::mem::take(&mut st.frames),
             close: st.close.clone(),
         })
@@ -429,9 +493,9 @@ mod tests {
 
     fn take(o: &Outbound) -> Option<Taken> {
         let waker = Arc::new(Counter::default()).into();
-        match o.poll_take(&mut Context::from_waker(&waker)) {
-            Poll::Ready(t) => Some(t),
-            Poll::Pending => None,
+        match o.poll_take(&mut Context::from_waker(&waker), false) {
+            Take::Ready(t) => Some(t),
+            Take::Empty | Take::Held => None,
         }
     }
 
@@ -506,7 +570,7 @@ mod tests {
         let counter = Arc::new(Counter::default());
         let waker = counter.clone().into();
         let mut cx = Context::from_waker(&waker);
-        assert!(o.poll_take(&mut cx).is_pending());
+        assert!(matches!(o.poll_take(&mut cx, false), Take::Empty));
         for i in 0..10 {
             o.push_envelope(i, "e".into());
         }
@@ -515,13 +579,69 @@ mod tests {
             1,
             "pushes before the next take wake once"
         );
-        match o.poll_take(&mut cx) {
-            Poll::Ready(t) => assert_eq!(t.frames.len(), 10),
-            Poll::Pending => panic!("frames are queued"),
+        match o.poll_take(&mut cx, false) {
+            Take::Ready(t) => assert_eq!(t.frames.len(), 10),
+            other => panic!("frames are queued: {other:?}"),
         }
-        assert!(o.poll_take(&mut cx).is_pending());
+        assert!(matches!(o.poll_take(&mut cx, false), Take::Empty));
         o.push_frame("n".into());
         assert_eq!(counter.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn held_frames_wait_for_the_deadline_but_urgent_ones_do_not() {
+        let o = Outbound::new(1000);
+        let counter = Arc::new(Counter::default());
+        let waker = counter.clone().into();
+        let mut cx = Context::from_waker(&waker);
+        let wakes = || counter.0.load(Ordering::SeqCst);
+        assert!(matches!(o.poll_take(&mut cx, false), Take::Empty));
+        o.push_envelope(1, "e1".into());
+        assert_eq!(
+            wakes(),
+            1,
+            "without a hold the first frame wakes the socket"
+        );
+        assert!(matches!(o.poll_take(&mut cx, true), Take::Held));
+        o.push_envelope(2, "e2".into());
+        o.push_frame("n".into());
+        assert_eq!(wakes(), 1, "pushed frames wait for the deadline quietly");
+        o.push_reply("r".into());
+        assert_eq!(wakes(), 2, "a reply wakes at once");
+        match o.poll_take(&mut cx, true) {
+            Take::Ready(t) => assert_eq!(texts(&t), ["e1", "e2", "n", "r"]),
+            other => panic!("the reply is urgent: {other:?}"),
+        }
+        // Holding with nothing queued: a pushed frame does not wake either.
+        assert!(matches!(o.poll_take(&mut cx, true), Take::Empty));
+        o.push_envelope(3, "e3".into());
+        assert_eq!(wakes(), 2);
+        assert!(matches!(o.poll_take(&mut cx, true), Take::Held));
+        match o.poll_take(&mut cx, false) {
+            Take::Ready(t) => assert_eq!(texts(&t), ["e3"]),
+            other => panic!("{other:?}"),
+        }
+        // So are a response and the echo of the connection's own action.
+        o.push_envelope(5, "e5".into());
+        assert!(matches!(o.poll_take(&mut cx, true), Take::Held));
+        o.push_echo(6, "echo".into());
+        match o.poll_take(&mut cx, true) {
+            Take::Ready(t) => assert_eq!(texts(&t), ["e5", "echo"]),
+            other => panic!("{other:?}"),
+        }
+        o.push_now("resp".into());
+        assert!(matches!(o.poll_take(&mut cx, true), Take::Ready(_)));
+        // A close is urgent too.
+        o.push_envelope(4, "e4".into());
+        assert!(matches!(o.poll_take(&mut cx, true), Take::Held));
+        o.close(CloseCause::Shutdown);
+        match o.poll_take(&mut cx, true) {
+            Take::Ready(t) => {
+                assert_eq!(texts(&t), ["e4"]);
+                assert_eq!(t.close, Some(CloseCause::Shutdown));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

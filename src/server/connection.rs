@@ -120,7 +120,7 @@ pub async fn ahp_ws(
     });
     let mut handshake = handshake;
     Ok(handshake
-        .message_body(OutBody::new(out, addr).boxed())?
+        .message_body(OutBody::new(out, addr, cfg.write_pacing).boxed())?
         .into())
 }
 
@@ -273,14 +273,14 @@ impl Connection {
     fn reply(&self, id: &Option<Value>, result: &Value) {
         if let Some(id) = id {
             self.out
-                .push_frame(ByteString::from(protocol::encode_result(id, result)));
+                .push_now(ByteString::from(protocol::encode_result(id, result)));
         }
     }
 
     fn reply_error(&self, id: &Value, err: RpcError) {
         tracing::debug!(conn = self.out.id().0, code = err.code, message = %err.message, "error reply");
         self.out
-            .push_frame(ByteString::from(protocol::encode_error(id, &err)));
+            .push_now(ByteString::from(protocol::encode_error(id, &err)));
     }
 
     fn on_text(&mut self, text: &str, ctx: &mut Context<Self>) {

@@ -4,16 +4,20 @@
 //! in its write buffer it polls the body, which takes *everything* queued on
 //! the connection's [`Outbound`] and encodes it into one chunk, so a burst of
 //! envelopes costs one wake-up and one socket write per connection. No task
-//! or channel sits between the publishers and the socket. Frames from the
+//! or channel sits between the publishers and the socket. Writes are paced:
+//! a connection written less than `--write-pacing-ms` ago holds pushed
+//! frames until that much time has passed, so under a heavy stream they go
+//! out several per write (replies, pongs and closes never wait). Frames from the
 //! client arrive through [`Inbound`], which decodes and reassembles them
 //! within the frame limit. One [`heartbeat`] task pings every connection and
 //! closes the idle and the stuck ones.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::Addr;
 use actix_codec::Decoder;
@@ -24,10 +28,11 @@ use actix_web::dev::Payload;
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use futures_util::Stream;
+use tokio::time::Sleep;
 
 use super::connection::{Connection, SocketGone};
 use crate::channels::core::Shared;
-use crate::publish::outbound::{Beat, CloseCause, Frame, Outbound};
+use crate::publish::outbound::{Beat, CloseCause, Frame, Outbound, Take, Taken};
 
 /// RFC 6455: a close frame's reason is at most 123 bytes (strict clients
 /// such as Chromium fail the connection on longer ones).
@@ -65,15 +70,63 @@ pub struct OutBody {
     conn: Addr<Connection>,
     /// The close frame has been written.
     closed: bool,
+    /// Least time between two writes of pushed frames (zero: no pacing).
+    pacing: Duration,
+    /// When frames were last taken.
+    last_write: Option<Instant>,
+    /// The pacing deadline's timer, kept once a connection has needed one.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl OutBody {
-    /// The body writing `out` for the connection actor `conn`.
-    pub fn new(out: Arc<Outbound>, conn: Addr<Connection>) -> Self {
+    /// The body writing `out` for the connection actor `conn`, at most one
+    /// write of pushed frames per `pacing`.
+    pub fn new(out: Arc<Outbound>, conn: Addr<Connection>, pacing: Duration) -> Self {
         Self {
             out,
             conn,
             closed: false,
+            pacing,
+            last_write: None,
+            timer: None,
+        }
+    }
+
+    /// Take what is queued, holding pushed frames until the pacing deadline.
+    /// Within the pacing window only the timer (or an urgent frame) wakes
+    /// the socket, so a busy connection costs one wake-up per write.
+    fn poll_take(&mut self, cx: &mut Context<'_>) -> Poll<Taken> {
+        let mut passed = false;
+        loop {
+            let due = self
+                .last_write
+                .map(|t| t + self.pacing)
+                .filter(|due| !passed && !self.pacing.is_zero() && *due > Instant::now());
+            match (self.out.poll_take(cx, due.is_some()), due) {
+                (Take::Ready(taken), _) => {
+                    self.last_write = Some(Instant::now());
+                    return Poll::Ready(taken);
+                }
+                (Take::Empty, None) => return Poll::Pending,
+                (Take::Empty | Take::Held, Some(due)) => {
+                    let due = due.into();
+                    let timer = match self.timer.as_mut() {
+                        Some(timer) => {
+                            if timer.deadline() != due {
+                                timer.as_mut().reset(due);
+                            }
+                            timer
+                        }
+                        None => self.timer.insert(Box::pin(tokio::time::sleep_until(due))),
+                    };
+                    if timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // The deadline passed meanwhile: look again without a hold.
+                    passed = true;
+                }
+                (Take::Held, None) => unreachable!("held only when asked to hold"),
+            }
         }
     }
 }
@@ -102,7 +155,7 @@ impl MessageBody for OutBody {
         if this.closed {
             return Poll::Ready(None);
         }
-        let taken = ready!(this.out.poll_take(cx));
+        let taken = ready!(this.poll_take(cx));
         let size = taken.frames.iter().map(encoded_len).sum::<usize>() + 2 + MAX_CLOSE_REASON;
         let mut buf = BytesMut::with_capacity(size);
         for frame in taken.frames {
