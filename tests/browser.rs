@@ -15,7 +15,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const PLAYWRIGHT: &str = "playwright-core@1";
@@ -90,32 +89,6 @@ fn ensure_browser_tools(web_tests: &Path) {
                 .current_dir(web_tests),
         );
     }
-}
-
-/// A raw HTTP/1.1 request; returns (status line, headers, body).
-async fn http(addr: std::net::SocketAddr, method: &str, path: &str) -> (String, String, Vec<u8>) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(
-        format!("{method} {path} HTTP/1.1\r\nHost: tandem\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .expect("write");
-    let mut buf = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
-        .await
-        .expect("response in time")
-        .expect("read");
-    let split = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("header end");
-    let head = String::from_utf8_lossy(&buf[..split]).to_lowercase();
-    let (status, headers) = head.split_once("\r\n").unwrap_or((&head, ""));
-    (
-        status.to_owned(),
-        headers.to_owned(),
-        buf[split + 4..].to_vec(),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

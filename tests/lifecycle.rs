@@ -100,3 +100,80 @@ async fn sigterm_closes_sockets_with_a_reason_and_keeps_what_was_accepted() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_reading_is_evicted_and_let_go() {
+    use futures_util::SinkExt;
+    let config = Config {
+        heartbeat_interval: Duration::from_millis(250),
+        idle_timeout: Duration::from_secs(2),
+        outbound_limit_bytes: 64 * 1024,
+        ..Config::default()
+    };
+    let server = TestServer::start_with(config).await;
+    let mut writer = server.client("writer").await;
+    let (_session, chat) = writer.create_session().await;
+
+    // A client with a tiny receive window that subscribes, then never
+    // reads again (and never closes its socket).
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.set_recv_buffer_size(4096).expect("small window");
+    socket.connect(&server.addr.into()).expect("connect");
+    socket.set_nonblocking(true).expect("nonblocking");
+    let tcp = tokio::net::TcpStream::from_std(socket.into()).expect("tokio stream");
+    let (mut ws, _) = tokio_tungstenite::client_async(server.url(), tcp)
+        .await
+        .expect("upgrade");
+    for frame in [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "stuck"}}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "subscribe", "params": {"channel": chat}}),
+    ] {
+        ws.send(Message::text(frame.to_string()))
+            .await
+            .expect("send");
+    }
+    loop {
+        let m = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("replies in time")
+            .expect("open")
+            .expect("frame");
+        if m.to_text().unwrap_or("").contains("\"id\":2") {
+            break;
+        }
+    }
+    assert_eq!(healthz(server.addr).await["connections"], 2);
+
+    // Far more than the window, the kernel's buffers (4 MiB at most here)
+    // and the queue limit: the queue overflows and the connection is closed
+    // and unregistered — or, if even the close cannot be written, let go by
+    // the heartbeat after the idle timeout.
+    let text = "x".repeat(20_000);
+    for _ in 0..400 {
+        let seq = writer
+            .dispatch(&chat, action(json!({"type": "chat/draftChanged", "draft": {"text": text, "origin": {"kind": "user"}}})))
+            .await;
+        writer.wait_echo(None, seq).await;
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let connections = healthz(server.addr).await["connections"].clone();
+        if connections == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stuck connection is still registered ({connections})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The writer is unaffected.
+    writer
+        .client
+        .ping()
+        .await
+        .expect("the writer is still served");
+    drop(ws);
+    server.stop().await;
+}

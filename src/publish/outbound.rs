@@ -33,8 +33,14 @@ static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 pub enum CloseCause {
     /// The client read too slowly and its queue passed the byte limit.
     Overflow,
-    /// A protocol violation that leaves no id to answer (e.g. oversize frame).
+    /// A policy violation that leaves no id to answer (an idle client).
     Protocol(String),
+    /// A frame or message over the size limit.
+    TooLarge(String),
+    /// A malformed WebSocket frame.
+    Malformed(String),
+    /// A text message that is not UTF-8.
+    InvalidText(String),
     /// The client closed, or the connection ended on the server's side.
     Normal,
     /// The server is going away.
@@ -108,6 +114,8 @@ struct State {
     /// Consecutive heartbeats at which nothing was taken since the previous
     /// one, whose ping therefore still waits.
     stale_beats: u32,
+    /// Heartbeats seen while closing (a close the socket never took).
+    closing_beats: u32,
 }
 
 /// One connection's outbound frames, in the order they must be written.
@@ -120,6 +128,8 @@ pub struct Outbound {
     /// When the client last sent a frame (ms since the epoch).
     last_rx_ms: AtomicU64,
     state: Mutex<State>,
+    /// Lets the connection go when its socket never takes the close.
+    on_abandon: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// Milliseconds since the Unix epoch (activity stamps).
@@ -142,6 +152,10 @@ pub enum Beat {
     Stuck,
     /// Already closing.
     Closing,
+    /// Closing for as many heartbeats as `stuck_beats` without the socket
+    /// taking the close (its peer neither reads nor goes away): the
+    /// connection is let go ([`Outbound::set_on_abandon`]).
+    Abandoned,
 }
 
 impl Outbound {
@@ -171,7 +185,9 @@ impl Outbound {
                 seen_takes: 0,
                 pinged: false,
                 stale_beats: 0,
+                closing_beats: 0,
             }),
+            on_abandon: std::sync::OnceLock::new(),
         }
     }
 
@@ -348,6 +364,11 @@ impl Outbound {
         wake(waker);
     }
 
+    /// What to do when the connection is abandoned (see [`Beat::Abandoned`]).
+    pub fn set_on_abandon(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.on_abandon.set(Box::new(f));
+    }
+
     /// Ask the socket side to close the connection (after the frames queued
     /// so far, unless the cause is an overflow).
     pub fn close(&self, cause: CloseCause) {
@@ -356,6 +377,10 @@ impl Outbound {
             if st.close.is_none() {
                 st.close = Some(cause);
             }
+            // Frames held for a reply that will not be sent now must not go
+            // out without it.
+            let held = std::mem::take(&mut st.held);
+            st.bytes -= held.iter().map(counted_len).sum::<usize>();
             st.waker.take()
         };
         wake(waker);
@@ -368,8 +393,11 @@ impl Outbound {
     /// keeps its own deadline.
     ///
     /// Taken frames no longer count against the limit: from here on the
-    /// socket's own (bounded) write buffer holds them, and while the peer
-    /// does not read, the socket side stops taking.
+    /// HTTP layer's write buffer and the kernel hold them. While the peer
+    /// does not read, that buffer does not drain, the socket side stops
+    /// taking, and the queue grows until it overflows; the kernel gives up
+    /// on a peer that acknowledges nothing for the idle timeout
+    /// (`TCP_USER_TIMEOUT`).
     pub fn poll_take(&self, cx: &mut Context<'_>, hold: bool) -> Take {
         let mut st = self.state.lock();
         let empty = st.frames.is_empty() && st.close.is_none();
@@ -398,7 +426,15 @@ impl Outbound {
         let (beat, waker) = {
             let mut st = self.state.lock();
             if st.close.is_some() {
-                return Beat::Closing;
+                st.closing_beats += 1;
+                if st.closing_beats != stuck_beats.max(1) + 1 {
+                    return Beat::Closing;
+                }
+                drop(st);
+                if let Some(abandon) = self.on_abandon.get() {
+                    abandon();
+                }
+                return Beat::Abandoned;
             }
             st.stale_beats = if st.pinged && st.takes == st.seen_takes {
                 st.stale_beats + 1
@@ -661,6 +697,44 @@ mod tests {
         assert_eq!(o.beat(60_000, 3), Beat::Stuck);
         assert_eq!(take(&o).unwrap().close, Some(CloseCause::Overflow));
         assert_eq!(o.beat(60_000, 3), Beat::Closing);
+    }
+
+    #[test]
+    fn a_close_never_taken_abandons_the_connection_once() {
+        let o = Outbound::new(1000);
+        let abandoned = Arc::new(AtomicUsize::new(0));
+        let a = abandoned.clone();
+        o.set_on_abandon(move || {
+            a.fetch_add(1, Ordering::SeqCst);
+        });
+        o.close(CloseCause::Overflow);
+        let beats: Vec<Beat> = (0..6).map(|_| o.beat(60_000, 3)).collect();
+        assert_eq!(
+            beats,
+            [
+                Beat::Closing,
+                Beat::Closing,
+                Beat::Closing,
+                Beat::Abandoned,
+                Beat::Closing,
+                Beat::Closing
+            ]
+        );
+        assert_eq!(abandoned.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_close_while_gated_drops_the_held_frames() {
+        let o = Outbound::new(1000);
+        o.push_frame("before".into());
+        o.gate();
+        o.push_envelope(1, "after the snapshot".into());
+        o.close(CloseCause::Shutdown);
+        assert_eq!(o.queued_bytes(), 6);
+        o.ungate_with(Some("reply".into()));
+        let t = take(&o).unwrap();
+        assert_eq!(texts(&t), ["before"], "no envelope without its reply");
+        assert_eq!(t.close, Some(CloseCause::Shutdown));
     }
 
     #[test]

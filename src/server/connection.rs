@@ -118,6 +118,8 @@ pub async fn ahp_ws(
         ctx.add_stream(inbound);
         conn
     });
+    let gone = addr.clone();
+    out.set_on_abandon(move || gone.do_send(SocketGone));
     let mut handshake = handshake;
     Ok(handshake
         .message_body(OutBody::new(out, addr, cfg.write_pacing).boxed())?
@@ -221,8 +223,8 @@ impl StreamHandler<Result<Received, ReadError>> for Connection {
             Err(e) => {
                 let msg = e.to_string();
                 tracing::info!(conn = self.out.id().0, %msg, "closing on bad frame");
-                self.reply_error(&Value::Null, RpcError::invalid_request(msg.clone()));
-                self.out.close(CloseCause::Protocol(msg));
+                self.reply_error(&Value::Null, RpcError::invalid_request(msg));
+                self.out.close(e.close_cause());
             }
         }
     }

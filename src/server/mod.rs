@@ -56,6 +56,20 @@ pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener
     Ok(socket.into())
 }
 
+/// Per-connection socket options: no Nagle delay (envelopes are small and
+/// the server does its own write pacing), and let the kernel drop a peer
+/// that acknowledges nothing we send — not even zero-window probes — for
+/// `idle_timeout`, so a client that stopped reading cannot pin a socket.
+fn tune_socket(tcp: &actix_web::rt::net::TcpStream, idle_timeout: std::time::Duration) {
+    let _ = tcp.set_nodelay(true);
+    #[cfg(target_os = "linux")]
+    {
+        let _ = socket2::SockRef::from(tcp).set_tcp_user_timeout(Some(idle_timeout));
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = idle_timeout;
+}
+
 /// Serve AHP on `listener` until `shutdown` resolves, then stop gracefully:
 /// connections are closed with a reason and in-flight work finishes.
 ///
@@ -144,6 +158,7 @@ where
                     shared: shared.clone(),
                     root,
                 };
+                let idle_timeout = config.idle_timeout;
                 let server = HttpServer::new(move || {
                     App::new()
                         .app_data(web::Data::new(state.clone()))
@@ -151,10 +166,9 @@ where
                         .route("/healthz", web::get().to(healthz))
                         .configure(web_ui::routes)
                 })
-                .on_connect(|conn, _| {
-                    // Envelopes are small and latency matters more than packing.
+                .on_connect(move |conn, _| {
                     if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
-                        let _ = tcp.set_nodelay(true);
+                        tune_socket(tcp, idle_timeout);
                     }
                 })
                 .workers(config.http_workers.max(1))

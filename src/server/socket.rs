@@ -45,8 +45,10 @@ pub fn close_reason(cause: &CloseCause) -> CloseReason {
             CloseCode::Policy,
             "outbound buffer overflow: the client read too slowly; reconnect to resume".to_owned(),
         ),
-        CloseCause::Protocol(msg) if msg.contains("too large") => (CloseCode::Size, msg.clone()),
         CloseCause::Protocol(msg) => (CloseCode::Policy, msg.clone()),
+        CloseCause::TooLarge(msg) => (CloseCode::Size, msg.clone()),
+        CloseCause::Malformed(msg) => (CloseCode::Protocol, msg.clone()),
+        CloseCause::InvalidText(msg) => (CloseCode::Invalid, msg.clone()),
         CloseCause::Normal => (CloseCode::Normal, String::new()),
         CloseCause::Shutdown => (CloseCode::Away, "server shutting down".to_owned()),
     };
@@ -215,6 +217,20 @@ pub enum ReadError {
     TooLarge(usize),
     /// A malformed frame.
     Protocol(String),
+    /// A text message that is not UTF-8.
+    InvalidUtf8,
+}
+
+impl ReadError {
+    /// How the connection closes for this error (the message says why).
+    pub fn close_cause(&self) -> CloseCause {
+        let msg = self.to_string();
+        match self {
+            ReadError::TooLarge(_) => CloseCause::TooLarge(msg),
+            ReadError::Protocol(_) => CloseCause::Malformed(msg),
+            ReadError::InvalidUtf8 => CloseCause::InvalidText(msg),
+        }
+    }
 }
 
 impl std::fmt::Display for ReadError {
@@ -222,7 +238,20 @@ impl std::fmt::Display for ReadError {
         match self {
             ReadError::TooLarge(limit) => write!(f, "frame too large: the limit is {limit} bytes"),
             ReadError::Protocol(msg) => write!(f, "WebSocket protocol error: {msg}"),
+            ReadError::InvalidUtf8 => write!(f, "a text frame is not valid UTF-8"),
         }
+    }
+}
+
+/// The longest frame header: 2 bytes, an 8-byte length, a 4-byte mask.
+const MAX_HEADER: usize = 14;
+
+/// The payload length a frame header announces, once enough of it is in.
+fn announced_len(buf: &[u8]) -> Option<u64> {
+    match *buf.get(1)? & 0x7f {
+        126 => Some(u16::from_be_bytes(buf.get(2..4)?.try_into().ok()?).into()),
+        127 => Some(u64::from_be_bytes(buf.get(2..10)?.try_into().ok()?)),
+        n => Some(n.into()),
     }
 }
 
@@ -295,7 +324,7 @@ impl Inbound {
 fn text_message(bytes: Bytes) -> Result<Received, ReadError> {
     ByteString::try_from(bytes)
         .map(Received::Text)
-        .map_err(|_| ReadError::Protocol("a text frame is not valid UTF-8".into()))
+        .map_err(|_| ReadError::InvalidUtf8)
 }
 
 impl Stream for Inbound {
@@ -327,6 +356,13 @@ impl Stream for Inbound {
                     return Poll::Ready(None);
                 }
                 None => {
+                    // `buf` now starts with an incomplete frame: refuse it
+                    // as soon as it announces (or reaches) more than the
+                    // limit, rather than buffering it whole first.
+                    let announced = announced_len(&this.buf).unwrap_or(0);
+                    if announced > this.limit as u64 || this.buf.len() > this.limit + MAX_HEADER {
+                        return this.fail(ReadError::TooLarge(this.limit));
+                    }
                     if this.buf.is_empty() {
                         // Do not keep a read buffer on an idle connection.
                         this.buf = BytesMut::new();
@@ -374,6 +410,10 @@ pub async fn heartbeat(shared: Arc<Shared>, interval: Duration, idle_timeout: Du
                         "evicting a connection that stopped reading"
                     )
                 }
+                Beat::Abandoned => tracing::info!(
+                    conn = c.id().0,
+                    "letting go of a connection whose peer never took its close"
+                ),
                 Beat::Pinged | Beat::Closing => {}
             }
         }
@@ -446,13 +486,43 @@ mod tests {
     }
 
     #[actix_web::test]
+    async fn refuses_a_huge_frame_from_its_header_without_buffering_it() {
+        use futures_util::StreamExt;
+        // A header announcing 2^40 bytes, then an endless trickle of data:
+        // refused at once, and the stream is never read to its end.
+        let mut header = vec![0x81, 0xff];
+        header.extend((1u64 << 40).to_be_bytes());
+        header.extend([1, 2, 3, 4]);
+        let endless = futures_util::stream::iter(
+            std::iter::once(header).chain(std::iter::repeat(vec![b'x'; 4096])),
+        )
+        .map(|c| Ok::<_, actix_web::error::PayloadError>(Bytes::from(c)));
+        let mut inbound = Inbound::new(
+            Payload::Stream {
+                payload: Box::pin(endless),
+            },
+            1024,
+        );
+        assert_eq!(
+            inbound.next().await.unwrap().unwrap_err(),
+            ReadError::TooLarge(1024)
+        );
+        assert!(inbound.next().await.is_none());
+        assert!(inbound.buf.len() <= 1024 + MAX_HEADER);
+    }
+
+    #[actix_web::test]
     async fn refuses_invalid_utf8_and_stray_continuations() {
         let got = all(inbound(
             vec![client_frame(OpCode::Text, true, &[0xff, 0xfe])],
             64,
         ))
         .await;
-        assert!(matches!(&got[..], [Err(ReadError::Protocol(m))] if m.contains("UTF-8")));
+        assert!(matches!(&got[..], [Err(ReadError::InvalidUtf8)]));
+        assert_eq!(
+            close_reason(&ReadError::InvalidUtf8.close_cause()).code,
+            CloseCode::Invalid
+        );
         let got = all(inbound(
             vec![client_frame(OpCode::Continue, true, b"x")],
             64,
@@ -467,8 +537,12 @@ mod tests {
         let reason = close_reason(&long);
         assert!(reason.description.unwrap().len() <= MAX_CLOSE_REASON);
         assert_eq!(
-            close_reason(&CloseCause::Protocol("frame too large: …".into())).code,
+            close_reason(&ReadError::TooLarge(10).close_cause()).code,
             CloseCode::Size
+        );
+        assert_eq!(
+            close_reason(&ReadError::Protocol("x".into()).close_cause()).code,
+            CloseCode::Protocol
         );
         assert_eq!(close_reason(&CloseCause::Shutdown).code, CloseCode::Away);
         assert_eq!(close_reason(&CloseCause::Normal).description, None);

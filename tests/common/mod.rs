@@ -17,6 +17,40 @@ use serde_json::{json, Value};
 use tandem::Config;
 use tokio::sync::oneshot;
 
+/// A plain HTTP/1.1 request; returns (status line, header lines, body),
+/// status and headers lower-cased.
+pub async fn http(addr: SocketAddr, method: &str, path: &str) -> (String, String, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        format!("{method} {path} HTTP/1.1\r\nHost: tandem\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut buf = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut buf))
+        .await
+        .expect("response in time")
+        .expect("read");
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("header end");
+    let head = String::from_utf8_lossy(&buf[..split]).to_lowercase();
+    let (status, headers) = head.split_once("\r\n").unwrap_or((&head, ""));
+    (
+        status.to_owned(),
+        headers.to_owned(),
+        buf[split + 4..].to_vec(),
+    )
+}
+
+/// The server's `GET /healthz` document.
+pub async fn healthz(addr: SocketAddr) -> Value {
+    let (_, _, body) = http(addr, "GET", "/healthz").await;
+    serde_json::from_slice(&body).expect("healthz JSON")
+}
+
 /// How long any single wait in a test may take before it fails.
 pub const WAIT: Duration = Duration::from_secs(20);
 
