@@ -156,18 +156,7 @@ async fn a_peer_that_stops_reading_is_evicted_and_let_go() {
             .await;
         writer.wait_echo(None, seq).await;
     }
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let connections = healthz(server.addr).await["connections"].clone();
-        if connections == 1 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the stuck connection is still registered ({connections})"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_connections(server.addr, 1).await;
     // The writer is unaffected.
     writer
         .client
@@ -175,5 +164,41 @@ async fn a_peer_that_stops_reading_is_evicted_and_let_go() {
         .await
         .expect("the writer is still served");
     drop(ws);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_close_is_answered_with_its_own_code() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    let server = TestServer::start().await;
+    for (sent, answered) in [
+        (CloseCode::Library(4001), CloseCode::Library(4001)),
+        (CloseCode::Away, CloseCode::Away),
+        (CloseCode::Normal, CloseCode::Normal),
+    ] {
+        let (mut ws, _) = tokio_tungstenite::connect_async(server.url())
+            .await
+            .expect("connect");
+        ws.send(Message::Close(Some(CloseFrame {
+            code: sent,
+            reason: "bye".into(),
+        })))
+        .await
+        .expect("close");
+        let close = tokio::time::timeout(WAIT, async {
+            while let Some(Ok(m)) = ws.next().await {
+                if let Message::Close(c) = m {
+                    return c;
+                }
+            }
+            None
+        })
+        .await
+        .expect("answered in time")
+        .expect("a close frame");
+        assert_eq!(close.code, answered);
+    }
+    wait_connections(server.addr, 0).await;
     server.stop().await;
 }

@@ -41,8 +41,10 @@ pub enum CloseCause {
     Malformed(String),
     /// A text message that is not UTF-8.
     InvalidText(String),
-    /// The client closed, or the connection ended on the server's side.
+    /// The connection ended on the server's side.
     Normal,
+    /// The client sent a close frame with this code (echoed back).
+    ClientClosed(Option<u16>),
     /// The server is going away.
     Shutdown,
 }
@@ -72,6 +74,9 @@ pub struct Taken {
     pub frames: VecDeque<Frame>,
     /// Close the socket for this cause after the frames.
     pub close: Option<CloseCause>,
+    /// More frames are queued than one take carries: take again as soon as
+    /// the socket has room (no pacing for a backlog).
+    pub more: bool,
 }
 
 /// The outcome of [`Outbound::poll_take`].
@@ -105,15 +110,6 @@ struct State {
     /// A frame that must not wait for the pacing deadline is queued (a
     /// reply, a pong, a close).
     urgent: bool,
-    /// Times the socket side took frames (wrapping), and the count the last
-    /// heartbeat saw.
-    takes: u32,
-    seen_takes: u32,
-    /// The last heartbeat queued a ping.
-    pinged: bool,
-    /// Consecutive heartbeats at which nothing was taken since the previous
-    /// one, whose ping therefore still waits.
-    stale_beats: u32,
     /// Heartbeats seen while closing (a close the socket never took).
     closing_beats: u32,
 }
@@ -147,14 +143,11 @@ pub enum Beat {
     Pinged,
     /// The client sent nothing for longer than the idle timeout: closing.
     Idle,
-    /// Pings waited for as many heartbeats as `stuck_beats` without the
-    /// socket taking anything (the peer stopped reading): evicted.
-    Stuck,
     /// Already closing.
     Closing,
-    /// Closing for as many heartbeats as `stuck_beats` without the socket
-    /// taking the close (its peer neither reads nor goes away): the
-    /// connection is let go ([`Outbound::set_on_abandon`]).
+    /// Closing for `abandon_beats` heartbeats without the socket taking the
+    /// close (its peer neither reads nor goes away): the connection is let
+    /// go ([`Outbound::set_on_abandon`]).
     Abandoned,
 }
 
@@ -181,10 +174,6 @@ impl Outbound {
                 waker: None,
                 held_back: false,
                 urgent: false,
-                takes: 0,
-                seen_takes: 0,
-                pinged: false,
-                stale_beats: 0,
                 closing_beats: 0,
             }),
             on_abandon: std::sync::OnceLock::new(),
@@ -409,25 +398,55 @@ impl Outbound {
             return if empty { Take::Empty } else { Take::Held };
         }
         st.held_back = false;
-        st.urgent = false;
-        st.bytes = st.held.iter().map(counted_len).sum();
-        st.takes = st.takes.wrapping_add(1);
+        let mut budget = TAKE_BUDGET;
+        let n = st
+            .frames
+            .iter()
+            .position(|f| {
+                let len = frame_len(f);
+                if len > budget {
+                    return true;
+                }
+                budget -= len;
+                false
+            })
+            .unwrap_or(st.frames.len())
+            .max(1)
+            .min(st.frames.len());
+        let frames: VecDeque<Frame> = if n == st.frames.len() {
+            std::mem::take(&mut st.frames)
+        } else {
+            st.frames.drain(..n).collect()
+        };
+        st.bytes -= frames.iter().map(counted_len).sum::<usize>();
+        let more = !st.frames.is_empty();
+        // A backlog is taken again at once (no pacing), so urgency only
+        // needs clearing once everything has gone.
+        if !more {
+            st.urgent = false;
+        }
         Take::Ready(Taken {
-            frames: std::mem::take(&mut st.frames),
-            close: st.close.clone(),
+            frames,
+            close: if more { None } else { st.close.clone() },
+            more,
         })
     }
 
     /// The heartbeat, once per interval: close a connection whose client sent
-    /// nothing for `idle_timeout_ms`, evict one that took nothing (not even
-    /// the last ping) for `stuck_beats` intervals, otherwise queue a ping.
-    pub fn beat(&self, idle_timeout_ms: u64, stuck_beats: u32) -> Beat {
+    /// nothing for `idle_timeout_ms`, let go of one whose close has not been
+    /// taken for `abandon_beats` intervals, otherwise queue a ping.
+    ///
+    /// A peer that stopped reading is not judged here: a slow reader draining
+    /// a large reply takes nothing for a long while and is still healthy.
+    /// The byte limit evicts a reader that falls too far behind, and the
+    /// kernel drops one that acknowledges nothing (`TCP_USER_TIMEOUT`).
+    pub fn beat(&self, idle_timeout_ms: u64, abandon_beats: u32) -> Beat {
         let idle_ms = now_ms().saturating_sub(self.last_rx_ms.load(Ordering::Relaxed));
         let (beat, waker) = {
             let mut st = self.state.lock();
             if st.close.is_some() {
                 st.closing_beats += 1;
-                if st.closing_beats != stuck_beats.max(1) + 1 {
+                if st.closing_beats != abandon_beats.max(1) + 1 {
                     return Beat::Closing;
                 }
                 drop(st);
@@ -436,25 +455,12 @@ impl Outbound {
                 }
                 return Beat::Abandoned;
             }
-            st.stale_beats = if st.pinged && st.takes == st.seen_takes {
-                st.stale_beats + 1
-            } else {
-                0
-            };
-            st.seen_takes = st.takes;
             if idle_ms > idle_timeout_ms {
                 st.close = Some(CloseCause::Protocol(format!(
                     "idle for {idle_ms} ms without any frame"
                 )));
                 (Beat::Idle, st.waker.take())
-            } else if st.stale_beats >= stuck_beats.max(1) {
-                st.frames.clear();
-                st.held.clear();
-                st.bytes = 0;
-                st.close = Some(CloseCause::Overflow);
-                (Beat::Stuck, st.waker.take())
             } else {
-                st.pinged = true;
                 (Beat::Pinged, Self::enqueue(&mut st, Frame::Ping))
             }
         };
@@ -479,6 +485,19 @@ impl Outbound {
                 _ => None,
             })
             .collect()
+    }
+}
+
+/// Bytes one take carries at most (at least one frame): the rest stays
+/// queued, and counted, until the socket has room again. Bounds what a
+/// connection holds outside its queue to this plus the HTTP layer's buffer.
+const TAKE_BUDGET: usize = 64 * 1024;
+
+fn frame_len(f: &Frame) -> usize {
+    match f {
+        Frame::Text { data, .. } => data.len(),
+        Frame::Ping => 0,
+        Frame::Pong(p) => p.len(),
     }
 }
 
@@ -681,22 +700,51 @@ mod tests {
     }
 
     #[test]
-    fn heartbeat_pings_then_evicts_a_peer_that_takes_nothing() {
+    fn heartbeat_pings_a_slow_reader_without_evicting_it() {
         let o = Outbound::new(1000);
-        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
-        assert_eq!(texts(&take(&o).unwrap()), ["<ping>"]);
-        // The socket keeps taking: never stuck.
-        for _ in 0..5 {
+        for _ in 0..10 {
             assert_eq!(o.beat(60_000, 3), Beat::Pinged);
-            take(&o).unwrap();
         }
-        // The socket stops taking: the third beat without a take evicts.
-        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
-        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
-        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
-        assert_eq!(o.beat(60_000, 3), Beat::Stuck);
-        assert_eq!(take(&o).unwrap().close, Some(CloseCause::Overflow));
-        assert_eq!(o.beat(60_000, 3), Beat::Closing);
+        assert!(!o.is_closing(), "taking nothing for a while is not a fault");
+        assert_eq!(texts(&take(&o).unwrap()).len(), 10);
+    }
+
+    #[test]
+    fn a_backlog_is_taken_in_budgeted_pieces_and_stays_counted() {
+        let o = Outbound::new(1 << 20);
+        let frame = ByteString::from("x".repeat(10_000));
+        for i in 0..20 {
+            o.push_envelope(i, frame.clone());
+        }
+        o.push_reply("reply".into());
+        o.close(CloseCause::Shutdown);
+        let first = take(&o).unwrap();
+        assert_eq!(first.frames.len(), TAKE_BUDGET / 10_000);
+        assert!(first.more);
+        assert_eq!(
+            first.close, None,
+            "the close waits for the frames before it"
+        );
+        assert_eq!(o.queued_bytes(), (20 - first.frames.len()) * 10_000);
+        let mut rest = Vec::new();
+        loop {
+            let t = take(&o).unwrap();
+            rest.extend(texts(&t));
+            if !t.more {
+                assert_eq!(t.close, Some(CloseCause::Shutdown));
+                break;
+            }
+        }
+        assert_eq!(rest.len(), 20 - first.frames.len() + 1);
+        assert_eq!(rest.last().map(String::as_str), Some("reply"));
+        assert_eq!(o.queued_bytes(), 0);
+        // A frame bigger than the budget still goes, alone.
+        let o = Outbound::new(1 << 20);
+        o.push_frame(ByteString::from("y".repeat(TAKE_BUDGET * 2)));
+        o.push_frame("z".into());
+        let t = take(&o).unwrap();
+        assert_eq!(t.frames.len(), 1);
+        assert!(t.more);
     }
 
     #[test]

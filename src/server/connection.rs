@@ -218,6 +218,8 @@ impl StreamHandler<Result<Received, ReadError>> for Connection {
             Ok(Received::Pong) => {}
             Ok(Received::Close(reason)) => {
                 tracing::debug!(conn = self.out.id().0, ?reason, "client closed");
+                self.out
+                    .close(CloseCause::ClientClosed(reason.map(|r| r.code.into())));
                 ctx.stop();
             }
             Err(e) => {

@@ -9,8 +9,8 @@
 //! frames until that much time has passed, so under a heavy stream they go
 //! out several per write (replies, pongs and closes never wait). Frames from the
 //! client arrive through [`Inbound`], which decodes and reassembles them
-//! within the frame limit. One [`heartbeat`] task pings every connection and
-//! closes the idle and the stuck ones.
+//! within the frame limit. One [`heartbeat`] task pings every connection,
+//! closes the idle ones and lets go of those whose close cannot be written.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -38,6 +38,12 @@ use crate::publish::outbound::{Beat, CloseCause, Frame, Outbound, Take, Taken};
 /// such as Chromium fail the connection on longer ones).
 const MAX_CLOSE_REASON: usize = 123;
 
+/// Whether a close code may be sent (1005, 1006, 1015 and unassigned ranges
+/// may not).
+fn sendable(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
+}
+
 /// The close frame for `cause`.
 pub fn close_reason(cause: &CloseCause) -> CloseReason {
     let (code, text) = match cause {
@@ -50,6 +56,12 @@ pub fn close_reason(cause: &CloseCause) -> CloseReason {
         CloseCause::Malformed(msg) => (CloseCode::Protocol, msg.clone()),
         CloseCause::InvalidText(msg) => (CloseCode::Invalid, msg.clone()),
         CloseCause::Normal => (CloseCode::Normal, String::new()),
+        // RFC 6455 §5.5.1: echo the client's code, unless it is one that
+        // must not appear on the wire.
+        CloseCause::ClientClosed(Some(code)) if sendable(*code) => {
+            (CloseCode::from(*code), String::new())
+        }
+        CloseCause::ClientClosed(_) => (CloseCode::Normal, String::new()),
         CloseCause::Shutdown => (CloseCode::Away, "server shutting down".to_owned()),
     };
     let mut text = text;
@@ -106,7 +118,8 @@ impl OutBody {
                 .filter(|due| !passed && !self.pacing.is_zero() && *due > Instant::now());
             match (self.out.poll_take(cx, due.is_some()), due) {
                 (Take::Ready(taken), _) => {
-                    self.last_write = Some(Instant::now());
+                    // A backlog goes out as fast as the socket takes it.
+                    self.last_write = (!taken.more).then(Instant::now);
                     return Poll::Ready(taken);
                 }
                 (Take::Empty, None) => return Poll::Pending,
@@ -174,7 +187,7 @@ impl MessageBody for OutBody {
         }
         if let Some(cause) = taken.close {
             match &cause {
-                CloseCause::Shutdown | CloseCause::Normal => {
+                CloseCause::Shutdown | CloseCause::Normal | CloseCause::ClientClosed(_) => {
                     tracing::debug!(conn = this.out.id().0, ?cause, "closing connection")
                 }
                 _ => tracing::info!(conn = this.out.id().0, ?cause, "closing connection"),
@@ -386,12 +399,12 @@ impl Stream for Inbound {
 }
 
 /// Ping every connection each `interval`; close those whose client sent
-/// nothing for `idle_timeout` and evict those that took nothing for as long.
-/// Runs until the server's system stops.
+/// nothing for `idle_timeout`, and let go of those whose close could not be
+/// written for as long. Runs until the server's system stops.
 pub async fn heartbeat(shared: Arc<Shared>, interval: Duration, idle_timeout: Duration) {
     let interval = interval.max(Duration::from_millis(10));
     let idle_ms = idle_timeout.as_millis() as u64;
-    let stuck_beats = idle_timeout
+    let abandon_beats = idle_timeout
         .as_millis()
         .div_ceil(interval.as_millis())
         .max(1) as u32;
@@ -402,14 +415,8 @@ pub async fn heartbeat(shared: Arc<Shared>, interval: Duration, idle_timeout: Du
         tick.tick().await;
         let conns: Vec<Arc<Outbound>> = shared.connections.iter().map(|c| c.clone()).collect();
         for c in conns {
-            match c.beat(idle_ms, stuck_beats) {
+            match c.beat(idle_ms, abandon_beats) {
                 Beat::Idle => tracing::info!(conn = c.id().0, "closing an idle connection"),
-                Beat::Stuck => {
-                    tracing::info!(
-                        conn = c.id().0,
-                        "evicting a connection that stopped reading"
-                    )
-                }
                 Beat::Abandoned => tracing::info!(
                     conn = c.id().0,
                     "letting go of a connection whose peer never took its close"
@@ -546,5 +553,17 @@ mod tests {
         );
         assert_eq!(close_reason(&CloseCause::Shutdown).code, CloseCode::Away);
         assert_eq!(close_reason(&CloseCause::Normal).description, None);
+        assert_eq!(
+            close_reason(&CloseCause::ClientClosed(Some(4001))).code,
+            CloseCode::Other(4001)
+        );
+        assert_eq!(
+            close_reason(&CloseCause::ClientClosed(Some(1005))).code,
+            CloseCode::Normal
+        );
+        assert_eq!(
+            close_reason(&CloseCause::ClientClosed(None)).code,
+            CloseCode::Normal
+        );
     }
 }

@@ -51,6 +51,22 @@ pub async fn healthz(addr: SocketAddr) -> Value {
     serde_json::from_slice(&body).expect("healthz JSON")
 }
 
+/// Wait until `/healthz` counts `n` WebSocket connections.
+pub async fn wait_connections(addr: SocketAddr, n: u64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let now = healthz(addr).await["connections"].clone();
+        if now == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {now} connections, expected {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// How long any single wait in a test may take before it fails.
 pub const WAIT: Duration = Duration::from_secs(20);
 
