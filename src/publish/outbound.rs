@@ -110,8 +110,12 @@ struct State {
     /// A frame that must not wait for the pacing deadline is queued (a
     /// reply, a pong, a close).
     urgent: bool,
-    /// Heartbeats seen while closing (a close the socket never took).
-    closing_beats: u32,
+    /// Takes so far (wrapping), and the count the last heartbeat saw.
+    takes: u32,
+    seen_takes: u32,
+    /// Consecutive heartbeats, while closing, with no take in between (a
+    /// close the socket cannot get to).
+    stalled_beats: u32,
 }
 
 /// One connection's outbound frames, in the order they must be written.
@@ -145,8 +149,8 @@ pub enum Beat {
     Idle,
     /// Already closing.
     Closing,
-    /// Closing for `abandon_beats` heartbeats without the socket taking the
-    /// close (its peer neither reads nor goes away): the connection is let
+    /// Closing, and for `abandon_beats` heartbeats in a row the socket took
+    /// nothing (its peer neither reads nor goes away): the connection is let
     /// go ([`Outbound::set_on_abandon`]).
     Abandoned,
 }
@@ -174,7 +178,9 @@ impl Outbound {
                 waker: None,
                 held_back: false,
                 urgent: false,
-                closing_beats: 0,
+                takes: 0,
+                seen_takes: 0,
+                stalled_beats: 0,
             }),
             on_abandon: std::sync::OnceLock::new(),
         }
@@ -398,6 +404,7 @@ impl Outbound {
             return if empty { Take::Empty } else { Take::Held };
         }
         st.held_back = false;
+        st.takes = st.takes.wrapping_add(1);
         let mut budget = TAKE_BUDGET;
         let n = st
             .frames
@@ -433,8 +440,9 @@ impl Outbound {
     }
 
     /// The heartbeat, once per interval: close a connection whose client sent
-    /// nothing for `idle_timeout_ms`, let go of one whose close has not been
-    /// taken for `abandon_beats` intervals, otherwise queue a ping.
+    /// nothing for `idle_timeout_ms`, let go of a closing one whose socket
+    /// took nothing for `abandon_beats` intervals, otherwise queue a ping
+    /// ahead of everything else.
     ///
     /// A peer that stopped reading is not judged here: a slow reader draining
     /// a large reply takes nothing for a long while and is still healthy.
@@ -444,9 +452,13 @@ impl Outbound {
         let idle_ms = now_ms().saturating_sub(self.last_rx_ms.load(Ordering::Relaxed));
         let (beat, waker) = {
             let mut st = self.state.lock();
+            let progressed = st.takes != st.seen_takes;
+            st.seen_takes = st.takes;
             if st.close.is_some() {
-                st.closing_beats += 1;
-                if st.closing_beats != abandon_beats.max(1) + 1 {
+                // Only a close the socket makes no progress towards counts:
+                // a peer still draining what came before it is alive.
+                st.stalled_beats = if progressed { 0 } else { st.stalled_beats + 1 };
+                if st.stalled_beats != abandon_beats.max(1) {
                     return Beat::Closing;
                 }
                 drop(st);
@@ -460,8 +472,17 @@ impl Outbound {
                     "idle for {idle_ms} ms without any frame"
                 )));
                 (Beat::Idle, st.waker.take())
+            } else if matches!(st.frames.front(), Some(Frame::Ping)) {
+                // The last ping has not gone out yet: one is enough.
+                (Beat::Pinged, None)
             } else {
-                (Beat::Pinged, Self::enqueue(&mut st, Frame::Ping))
+                // Control frames may go between messages: the ping goes
+                // ahead of any backlog and is not held for pacing, so a
+                // client draining a large reply still sees it and answers
+                // before the idle timeout.
+                st.frames.push_front(Frame::Ping);
+                st.urgent = true;
+                (Beat::Pinged, st.waker.take())
             }
         };
         wake(waker);
@@ -706,7 +727,11 @@ mod tests {
             assert_eq!(o.beat(60_000, 3), Beat::Pinged);
         }
         assert!(!o.is_closing(), "taking nothing for a while is not a fault");
-        assert_eq!(texts(&take(&o).unwrap()).len(), 10);
+        assert_eq!(
+            texts(&take(&o).unwrap()),
+            ["<ping>"],
+            "pings do not pile up"
+        );
     }
 
     #[test]
@@ -748,27 +773,53 @@ mod tests {
     }
 
     #[test]
-    fn a_close_never_taken_abandons_the_connection_once() {
-        let o = Outbound::new(1000);
+    fn a_close_the_socket_cannot_reach_abandons_the_connection_once() {
+        let o = Outbound::new(1 << 20);
         let abandoned = Arc::new(AtomicUsize::new(0));
         let a = abandoned.clone();
         o.set_on_abandon(move || {
             a.fetch_add(1, Ordering::SeqCst);
         });
-        o.close(CloseCause::Overflow);
+        for i in 0..60 {
+            o.push_envelope(i, ByteString::from("x".repeat(10_000)));
+        }
+        o.close(CloseCause::Shutdown);
+        // The peer drains steadily: never abandoned, however long it takes.
+        for _ in 0..6 {
+            assert!(take(&o).unwrap().more);
+            assert_eq!(o.beat(60_000, 3), Beat::Closing);
+        }
+        // It stops: the third beat in a row without a take lets go, once.
         let beats: Vec<Beat> = (0..6).map(|_| o.beat(60_000, 3)).collect();
         assert_eq!(
             beats,
             [
                 Beat::Closing,
                 Beat::Closing,
-                Beat::Closing,
                 Beat::Abandoned,
+                Beat::Closing,
                 Beat::Closing,
                 Beat::Closing
             ]
         );
         assert_eq!(abandoned.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_ping_goes_ahead_of_a_backlog_once() {
+        let o = Outbound::new(1 << 20);
+        for i in 0..3 {
+            o.push_envelope(i, ByteString::from(format!("e{i}")));
+        }
+        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
+        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
+        let counter = Arc::new(Counter::default());
+        let waker = counter.clone().into();
+        let t = match o.poll_take(&mut Context::from_waker(&waker), true) {
+            Take::Ready(t) => t,
+            other => panic!("a ping is not held for pacing: {other:?}"),
+        };
+        assert_eq!(texts(&t), ["<ping>", "e0", "e1", "e2"]);
     }
 
     #[test]
