@@ -35,7 +35,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::clock::{now_ns, sleep_until_ns};
 use crate::conn::{Endpoint, Ws};
 use crate::proto::{self, EnvelopeLite};
-use crate::stats::{Integrity, Seen, SeqChecker, SeqOrder, ShardedHist};
+use crate::stats::{Integrity, Seen, SeqChecker, SeqOrder, ShardedCounter, ShardedHist};
 
 /// How a publisher paces its actions.
 #[derive(Debug, Clone, Copy)]
@@ -136,8 +136,10 @@ impl PubShared {
 pub struct Run {
     /// One per publisher, by global index.
     pub pubs: Vec<PubShared>,
-    /// Deliveries to subscribers so far.
-    pub deliveries: AtomicU64,
+    /// Deliveries to subscribers so far (sharded by receiver: a single
+    /// counter bumped a million times a second from every thread would be
+    /// the load generator's hottest cache line).
+    pub deliveries: ShardedCounter,
     /// Publish → each subscriber.
     pub all: ShardedHist,
     /// Publish → the last subscriber of each action.
@@ -162,7 +164,7 @@ impl Run {
             pubs: (0..publishers)
                 .map(|i| PubShared::new(i as u32, slots))
                 .collect(),
-            deliveries: AtomicU64::new(0),
+            deliveries: ShardedCounter::new(64),
             all: ShardedHist::new(16),
             last: ShardedHist::new(16),
             echo: ShardedHist::new(16),
@@ -360,7 +362,7 @@ impl Receiver {
             Seen::New => {}
         }
         self.delivered += 1;
-        run.deliveries.fetch_add(1, Ordering::Relaxed);
+        run.deliveries.add(self.id, 1);
         let lat = now.saturating_sub(st.t_ns);
         let record = run.records(st.t_ns);
         if record {
@@ -872,14 +874,14 @@ pub async fn publish_and_collect(
         let pid = timing.server_pid;
         tokio::spawn(async move {
             sleep_until_ns(warm_ns).await;
-            let d0 = run.deliveries.load(Ordering::Relaxed);
+            let d0 = run.deliveries.load();
             let a0 = run.accepted();
             let c0 = pid.and_then(crate::sys::cpu_seconds);
             let l0 = crate::sys::cpu_seconds(std::process::id());
             let m0 = crate::sys::machine_busy_seconds();
             let t0 = now_ns();
             sleep_until_ns(end_ns).await;
-            let d1 = run.deliveries.load(Ordering::Relaxed);
+            let d1 = run.deliveries.load();
             let a1 = run.accepted();
             let c1 = pid.and_then(crate::sys::cpu_seconds);
             let l1 = crate::sys::cpu_seconds(std::process::id());
@@ -905,7 +907,7 @@ pub async fn publish_and_collect(
             loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let now = now_ns();
-                let d = run.deliveries.load(Ordering::Relaxed);
+                let d = run.deliveries.load();
                 pb.inc(1);
                 if now - last.0 >= 1_000_000_000 {
                     let rate = (d - last.1) as f64 / ((now - last.0) as f64 / 1e9);
@@ -1029,7 +1031,7 @@ mod tests {
             1,
             "only #2 reached both"
         );
-        assert_eq!(run.deliveries.load(Ordering::Relaxed), 4);
+        assert_eq!(run.deliveries.load(), 4);
         let ia = a.integrity(&run);
         assert_eq!((ia.lost, ia.duplicated, ia.reordered), (1, 1, 0), "{ia:?}");
         let ib = b.integrity(&run);

@@ -38,7 +38,9 @@ pub fn stamp(publisher: u32, n: u64, t_ns: u64, pad: usize) -> String {
 
 /// Find and decode the first stamp in `s` (raw JSON of an action, or text).
 pub fn find_stamp(s: &str) -> Option<Stamp> {
-    let at = s.find(MARK)?;
+    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(MARK));
+    let at = FINDER.find(s.as_bytes())?;
     let mut parts = s[at + MARK.len()..].split(|c: char| !c.is_ascii_digit());
     let publisher = parts.next()?.parse().ok()?;
     let n = parts.next()?.parse().ok()?;
@@ -171,17 +173,19 @@ pub fn parse_action(text: &str) -> Option<EnvelopeLite<'_>> {
 fn parse_action_fast(text: &str) -> Option<EnvelopeLite<'_>> {
     const HEAD: &str = r#"{"jsonrpc":"2.0","method":"action","params":{"channel":""#;
     const SEQ: &str = r#","serverSeq":"#;
+    static SEQ_FINDER: std::sync::LazyLock<memchr::memmem::FinderRev<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::FinderRev::new(SEQ));
     let rest = text.strip_prefix(HEAD)?;
-    let q = rest.find(['"', '\\'])?;
+    let q = quote_or_escape(rest)?;
     let (channel, rest) = (&rest[..q], rest[q..].strip_prefix(r#"","action":"#)?);
-    let k = rest.rfind(SEQ)?;
+    let k = SEQ_FINDER.rfind(rest.as_bytes())?;
     let (action, tail) = (&rest[..k], &rest[k + SEQ.len()..]);
     let (server_seq, tail) = leading_u64(tail)?;
     let origin = if tail == "}}" {
         None
     } else {
         let tail = tail.strip_prefix(r#","origin":{"clientId":""#)?;
-        let q = tail.find(['"', '\\'])?;
+        let q = quote_or_escape(tail)?;
         let (client_id, tail) = (&tail[..q], tail[q..].strip_prefix(r#"","clientSeq":"#)?);
         let (client_seq, tail) = leading_u64(tail)?;
         if tail != "}}}" {
@@ -202,6 +206,11 @@ fn parse_action_fast(text: &str) -> Option<EnvelopeLite<'_>> {
         origin,
         rejection_reason: None,
     })
+}
+
+/// Where the first `"` or backslash of `s` is (both ASCII: a char boundary).
+fn quote_or_escape(s: &str) -> Option<usize> {
+    memchr::memchr2(b'"', b'\\', s.as_bytes())
 }
 
 /// A decimal number at the start of `s`, and what follows it.

@@ -50,6 +50,40 @@ impl Summary {
     }
 }
 
+/// A counter many threads add to without sharing a cache line: each adder
+/// picks a shard by key, readers sum the shards.
+pub struct ShardedCounter {
+    shards: Vec<PaddedU64>,
+}
+
+#[repr(align(128))]
+#[derive(Default)]
+struct PaddedU64(std::sync::atomic::AtomicU64);
+
+impl ShardedCounter {
+    /// A counter with `shards` shards (at least one).
+    pub fn new(shards: usize) -> Self {
+        Self {
+            shards: (0..shards.max(1)).map(|_| PaddedU64::default()).collect(),
+        }
+    }
+
+    /// Add `n` on the shard for `key`.
+    pub fn add(&self, key: usize, n: u64) {
+        self.shards[key % self.shards.len()]
+            .0
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The total so far.
+    pub fn load(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.0.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+}
+
 /// Histograms shared by many receiver tasks: each task buffers samples
 /// locally and flushes them into one of a few shards, so recording costs a
 /// push on the hot path and a short uncontended lock now and then.
