@@ -19,7 +19,7 @@ use crate::engine::{
 };
 use crate::progress::note;
 use crate::report::ScenarioResult;
-use crate::server::{Server, ServerOpts, StopHow};
+use crate::server::{Server, ServerOpts};
 
 /// `connections` flags.
 #[derive(Args, Debug, Clone)]
@@ -56,22 +56,15 @@ pub async fn run(args: &ConnectionsArgs, opts: &ServerOpts) -> anyhow::Result<Sc
             "`connections` measures the server's own RSS: run it against a spawned child (default) or --url with --server-pid"
         );
     }
-    let plan = super::store::plan_default(opts, "connections")?;
-    let server = Server::tandem(opts, &plan.args).await?;
+    let (server, plan) = super::store::start_default(opts, "connections").await?;
     if server.pid.is_none() {
-        server.stop(StopHow::Term).await?;
-        anyhow::bail!("`connections` needs the server's pid: pass --server-pid with --url");
+        let res = Err(anyhow::anyhow!(
+            "`connections` needs the server's pid: pass --server-pid with --url"
+        ));
+        return super::store::finish(server, plan, res).await;
     }
-    note(format!(
-        "tandem: {} at {} ({})",
-        server.label, server.url, plan.label
-    ));
     let res = run_on(&server, args, opts).await;
-    server.stop(StopHow::Term).await?;
-    plan.cleanup();
-    let mut r = res?;
-    r.put("store", plan.label.clone());
-    Ok(r)
+    super::store::finish(server, plan, res).await
 }
 
 async fn run_on(

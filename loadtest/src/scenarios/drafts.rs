@@ -22,10 +22,9 @@ use crate::engine::{
     connect_publisher, publish_and_collect, spawn_subscribers, ActionKind, PhaseTiming, Publisher,
     Run, Schedule, SubPlan,
 };
-use crate::progress::note;
 use crate::proto;
 use crate::report::ScenarioResult;
-use crate::server::{Server, ServerOpts, StopHow};
+use crate::server::{Server, ServerOpts};
 use crate::stats::Summary;
 
 /// `drafts` flags.
@@ -130,18 +129,9 @@ pub fn answers(state: &ChatState, rid: &str) -> Option<HashMap<String, ChatInput
 
 /// Run the scenario.
 pub async fn run(args: &DraftsArgs, opts: &ServerOpts) -> anyhow::Result<ScenarioResult> {
-    let plan = super::store::plan_default(opts, "drafts")?;
-    let server = Server::tandem(opts, &plan.args).await?;
-    note(format!(
-        "tandem: {} at {} ({})",
-        server.label, server.url, plan.label
-    ));
+    let (server, plan) = super::store::start_default(opts, "drafts").await?;
     let res = run_on(&server, args, opts).await;
-    server.stop(StopHow::Term).await?;
-    plan.cleanup();
-    let mut r = res?;
-    r.put("store", plan.label.clone());
-    Ok(r)
+    super::store::finish(server, plan, res).await
 }
 
 async fn run_on(

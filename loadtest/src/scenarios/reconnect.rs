@@ -32,7 +32,7 @@ use crate::engine::{
 use crate::progress::note;
 use crate::proto::{self, EnvelopeLite};
 use crate::report::ScenarioResult;
-use crate::server::{Server, ServerOpts, StopHow};
+use crate::server::{Server, ServerOpts};
 use crate::stats::{new_hist, record_ns, SeqOrder, Summary};
 
 /// `reconnect-storm` flags.
@@ -277,18 +277,9 @@ async fn storm_client(mut ws: Ws, mut rx: Receiver, client_id: String, st: Arc<S
 
 /// Run the scenario.
 pub async fn run(args: &ReconnectArgs, opts: &ServerOpts) -> anyhow::Result<ScenarioResult> {
-    let plan = super::store::plan_default(opts, "reconnect-storm")?;
-    let server = Server::tandem(opts, &plan.args).await?;
-    note(format!(
-        "tandem: {} at {} ({})",
-        server.label, server.url, plan.label
-    ));
+    let (server, plan) = super::store::start_default(opts, "reconnect-storm").await?;
     let res = run_on(&server, args, opts).await;
-    server.stop(StopHow::Term).await?;
-    plan.cleanup();
-    let mut r = res?;
-    r.put("store", plan.label.clone());
-    Ok(r)
+    super::store::finish(server, plan, res).await
 }
 
 async fn run_on(

@@ -11,7 +11,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::server::{tandem_supports, ServerOpts};
+use crate::progress::note;
+use crate::report::ScenarioResult;
+use crate::server::{tandem_supports, Server, ServerOpts, StopHow};
 
 /// `--durability` / `--data-dir` for the server.
 #[derive(Args, Debug, Clone)]
@@ -58,6 +60,33 @@ pub fn plan_default(opts: &ServerOpts, scenario: &str) -> anyhow::Result<StorePl
         keep_data: false,
     };
     plan(&store, opts, scenario)
+}
+
+/// Start the Tandem of a scenario on the default store and announce it.
+pub async fn start_default(
+    opts: &ServerOpts,
+    scenario: &str,
+) -> anyhow::Result<(Server, StorePlan)> {
+    let plan = plan_default(opts, scenario)?;
+    let server = Server::tandem(opts, &plan.args).await?;
+    note(format!(
+        "tandem: {} at {} ({})",
+        server.label, server.url, plan.label
+    ));
+    Ok((server, plan))
+}
+
+/// Stop the server, remove its scratch store, and label `res` with the store.
+pub async fn finish(
+    server: Server,
+    plan: StorePlan,
+    res: anyhow::Result<ScenarioResult>,
+) -> anyhow::Result<ScenarioResult> {
+    server.stop(StopHow::Term).await?;
+    plan.cleanup();
+    let mut r = res?;
+    r.put("store", plan.label.clone());
+    Ok(r)
 }
 
 /// Work out the store flags, refusing to fake durability.
