@@ -60,6 +60,26 @@ fn unavailable(e: impl std::fmt::Display) -> JournalError {
     JournalError::Unavailable(e.to_string())
 }
 
+/// Run the parameterless query `sql`, decode each row with `read` and hand
+/// it to `each`; stops at the first error `each` returns.
+fn for_each_row<T>(
+    conn: &Connection,
+    sql: &str,
+    read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    mut each: impl FnMut(T) -> Result<(), JournalError>,
+) -> Result<(), JournalError> {
+    let mut stmt = conn.prepare(sql).map_err(unavailable)?;
+    for row in stmt.query_map([], read).map_err(unavailable)? {
+        each(row.map_err(unavailable)?)?;
+    }
+    Ok(())
+}
+
+/// A row of (text, integer, text).
+fn text_int_text(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, i64, String)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+}
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS channels (
@@ -300,71 +320,47 @@ impl Journal for SqliteJournal {
             .map_err(unavailable)?
             .unwrap_or(0) as u64;
         let mut snapshots: HashMap<String, SnapshotRecord> = HashMap::new();
-        {
-            let mut stmt = conn
-                .prepare("SELECT channel, at_seq, state FROM snapshots")
-                .map_err(unavailable)?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, String>(2)?,
-                    ))
-                })
-                .map_err(unavailable)?;
-            for row in rows {
-                let (c, at, state) = row.map_err(unavailable)?;
-                snapshots.insert(
-                    c,
-                    SnapshotRecord {
-                        at_seq: at as u64,
-                        state: state.into(),
-                    },
-                );
-            }
-        }
+        for_each_row(
+            &conn,
+            "SELECT channel, at_seq, state FROM snapshots",
+            text_int_text,
+            |(c, at, state)| {
+                let record = SnapshotRecord {
+                    at_seq: at as u64,
+                    state: state.into(),
+                };
+                snapshots.insert(c, record);
+                Ok(())
+            },
+        )?;
         let mut tails: HashMap<String, Vec<Record>> = HashMap::new();
-        {
-            let mut stmt = conn
-                .prepare("SELECT channel, seq, action FROM actions ORDER BY channel, seq")
-                .map_err(unavailable)?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, String>(2)?,
-                    ))
-                })
-                .map_err(unavailable)?;
-            for row in rows {
-                let (c, seq, action) = row.map_err(unavailable)?;
+        for_each_row(
+            &conn,
+            "SELECT channel, seq, action FROM actions ORDER BY channel, seq",
+            text_int_text,
+            |(c, seq, action)| {
                 let from = snapshots.get(&c).map_or(0, |s| s.at_seq);
                 if seq as u64 >= from {
                     tails.entry(c).or_default().push(action.into());
                 }
-            }
-        }
+                Ok(())
+            },
+        )?;
         let mut turn_counts: HashMap<String, u64> = HashMap::new();
-        {
-            let mut stmt = conn
-                .prepare("SELECT chat, MAX(idx) + 1 FROM turns GROUP BY chat")
-                .map_err(unavailable)?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
-                .map_err(unavailable)?;
-            for row in rows {
-                let (c, n) = row.map_err(unavailable)?;
+        for_each_row(
+            &conn,
+            "SELECT chat, MAX(idx) + 1 FROM turns GROUP BY chat",
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+            |(c, n)| {
                 turn_counts.insert(c, n as u64);
-            }
-        }
+                Ok(())
+            },
+        )?;
         let mut channels = Vec::new();
-        let mut stmt = conn
-            .prepare("SELECT uri, kind, session, provider, title, created_at, len FROM channels ORDER BY ord")
-            .map_err(unavailable)?;
-        let rows = stmt
-            .query_map([], |r| {
+        for_each_row(
+            &conn,
+            "SELECT uri, kind, session, provider, title, created_at, len FROM channels ORDER BY ord",
+            |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
@@ -374,31 +370,30 @@ impl Journal for SqliteJournal {
                     r.get::<_, String>(5)?,
                     r.get::<_, i64>(6)?,
                 ))
-            })
-            .map_err(unavailable)?;
-        for row in rows {
-            let (uri, kind, session, provider, title, created_at, len) =
-                row.map_err(unavailable)?;
-            let Some(kind) = ChannelKind::parse(&kind) else {
-                return Err(unavailable(format!(
-                    "channel {uri} has an unknown kind `{kind}`"
-                )));
-            };
-            channels.push(RecoveredChannel {
-                snapshot: snapshots.remove(&uri),
-                tail: tails.remove(&uri).unwrap_or_default(),
-                len: len as u64,
-                turn_count: turn_counts.get(&uri).copied().unwrap_or(0),
-                info: ChannelInfo {
-                    uri,
-                    kind,
-                    session,
-                    provider,
-                    title,
-                    created_at,
-                },
-            });
-        }
+            },
+            |(uri, kind, session, provider, title, created_at, len)| {
+                let Some(kind) = ChannelKind::parse(&kind) else {
+                    return Err(unavailable(format!(
+                        "channel {uri} has an unknown kind `{kind}`"
+                    )));
+                };
+                channels.push(RecoveredChannel {
+                    snapshot: snapshots.remove(&uri),
+                    tail: tails.remove(&uri).unwrap_or_default(),
+                    len: len as u64,
+                    turn_count: turn_counts.get(&uri).copied().unwrap_or(0),
+                    info: ChannelInfo {
+                        uri,
+                        kind,
+                        session,
+                        provider,
+                        title,
+                        created_at,
+                    },
+                });
+                Ok(())
+            },
+        )?;
         Ok(Recovered {
             channels,
             seq_floor,
