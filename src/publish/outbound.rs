@@ -118,6 +118,18 @@ struct State {
     stalled_beats: u32,
 }
 
+impl State {
+    /// The socket side's waker when frames were just queued, unless it holds
+    /// them for its pacing deadline and none is urgent.
+    fn waker_for_new_frames(&mut self) -> Option<Waker> {
+        if self.held_back && !self.urgent {
+            None
+        } else {
+            self.waker.take()
+        }
+    }
+}
+
 /// One connection's outbound frames, in the order they must be written.
 pub struct Outbound {
     id: ConnId,
@@ -215,18 +227,13 @@ impl Outbound {
     /// is released.
     fn enqueue(st: &mut State, frame: Frame) -> Option<Waker> {
         st.frames.push_back(frame);
-        if st.held_back {
-            None
-        } else {
-            st.waker.take()
-        }
+        st.waker_for_new_frames()
     }
 
     /// Queue a frame that must not wait for the pacing deadline.
     fn enqueue_urgent(st: &mut State, frame: Frame) -> Option<Waker> {
-        st.frames.push_back(frame);
         st.urgent = true;
-        st.waker.take()
+        Self::enqueue(st, frame)
     }
 
     fn push_locked(&self, st: &mut State, data: ByteString, urgent: bool) -> (bool, Option<Waker>) {
@@ -350,10 +357,10 @@ impl Outbound {
             // Responses may be among the held frames: do not hold them longer.
             st.urgent |= !held.is_empty();
             st.frames.extend(held);
-            if st.frames.is_empty() || (st.held_back && !st.urgent) {
+            if st.frames.is_empty() {
                 None
             } else {
-                st.waker.take()
+                st.waker_for_new_frames()
             }
         };
         wake(waker);
@@ -482,8 +489,7 @@ impl Outbound {
                 // rides with the next paced write (a burst of a ping per
                 // connection at once would cost a write each).
                 st.frames.push_front(Frame::Ping);
-                let waker = if st.held_back { None } else { st.waker.take() };
-                (Beat::Pinged, waker)
+                (Beat::Pinged, st.waker_for_new_frames())
             }
         };
         wake(waker);
