@@ -79,9 +79,7 @@ async fn nobody_sees_an_action_before_the_journal_has_it() {
     b.subscribe_chat(&chat).await;
 
     journal.hold.store(true, Ordering::SeqCst);
-    let seq = a
-        .dispatch(&chat, action(json!({"type": "chat/draftChanged", "draft": {"text": "held", "origin": {"kind": "user"}}})))
-        .await;
+    let seq = a.dispatch(&chat, draft("held")).await;
     // The append has started but not returned: neither the sender nor the
     // other subscriber may see the action.
     for _ in 0..100 {
@@ -241,11 +239,6 @@ async fn a_store_that_stops_writing_refuses_new_actions_and_keeps_serving_reads(
     let before = c.subscribe_chat(&chat).await.state;
 
     journal.fail.store(true, Ordering::SeqCst);
-    let draft = |t: &str| {
-        action(
-            json!({"type": "chat/draftChanged", "draft": {"text": t, "origin": {"kind": "user"}}}),
-        )
-    };
     let first = c.dispatch(&chat, draft("not stored")).await;
     let echo = c.wait_echo(None, first).await;
     assert!(

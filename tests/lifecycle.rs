@@ -63,9 +63,7 @@ async fn sigterm_closes_sockets_with_a_reason_and_keeps_what_was_accepted() {
     let mut server = ServerProcess::spawn(&data, &[]);
     let mut c = server.client("c").await;
     let (_s, chat) = c.create_session().await;
-    let seq = c
-        .dispatch(&chat, action(json!({"type": "chat/draftChanged", "draft": {"text": "keep me", "origin": {"kind": "user"}}})))
-        .await;
+    let seq = c.dispatch(&chat, draft("keep me")).await;
     assert!(c.wait_echo(None, seq).await.rejection_reason.is_none());
     let (mut ws, _) = tokio_tungstenite::connect_async(server.url())
         .await
@@ -151,9 +149,7 @@ async fn a_peer_that_stops_reading_is_evicted_and_let_go() {
     // the heartbeat after the idle timeout.
     let text = "x".repeat(20_000);
     for _ in 0..400 {
-        let seq = writer
-            .dispatch(&chat, action(json!({"type": "chat/draftChanged", "draft": {"text": text, "origin": {"kind": "user"}}})))
-            .await;
+        let seq = writer.dispatch(&chat, draft(&text)).await;
         writer.wait_echo(None, seq).await;
     }
     wait_connections(server.addr, 1).await;

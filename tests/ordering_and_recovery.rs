@@ -16,13 +16,6 @@ use tandem::Config;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 
-/// A `chat/draftChanged` action carrying `text` as a user draft.
-fn draft(text: &str) -> StateAction {
-    action(
-        json!({"type": "chat/draftChanged", "draft": {"text": text, "origin": {"kind": "user"}}}),
-    )
-}
-
 fn is_draft(e: &ActionEnvelope) -> bool {
     matches!(e.action, StateAction::ChatDraftChanged(_))
 }

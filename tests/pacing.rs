@@ -10,12 +10,6 @@ use common::*;
 use serde_json::{json, Value};
 use tandem::Config;
 
-fn draft(text: &str) -> ahp_types::actions::StateAction {
-    action(
-        json!({"type": "chat/draftChanged", "draft": {"text": text, "origin": {"kind": "user"}}}),
-    )
-}
-
 /// The next action envelope within `within`, or `None`.
 async fn envelope_within(
     c: &mut TestClient,

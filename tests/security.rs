@@ -374,7 +374,7 @@ async fn limits_are_enforced_with_clear_answers() {
     // Dispatch rate: a burst of 20 drafts; some are refused as rate limited.
     let mut seqs = Vec::new();
     for i in 0..20 {
-        seqs.push(c.dispatch(&chat, action(json!({"type": "chat/draftChanged", "draft": {"text": format!("d{i}"), "origin": {"kind": "user"}}}))).await);
+        seqs.push(c.dispatch(&chat, draft(&format!("d{i}"))).await);
     }
     // Rate-limit rejections are answered at once by the connection, before
     // earlier accepted echoes come back from the chat: collect them all.

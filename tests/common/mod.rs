@@ -370,6 +370,13 @@ pub fn turn_started(turn_id: &str, text: &str) -> StateAction {
 }
 
 /// Build any action from JSON (panics on a typo in the test).
+/// A `chat/draftChanged` action carrying `text` as a user draft.
+pub fn draft(text: &str) -> StateAction {
+    action(
+        json!({"type": "chat/draftChanged", "draft": {"text": text, "origin": {"kind": "user"}}}),
+    )
+}
+
 pub fn action(v: Value) -> StateAction {
     let a: StateAction = serde_json::from_value(v.clone()).expect("valid action json");
     assert!(
