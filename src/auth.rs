@@ -67,6 +67,12 @@ impl Principal {
         }
     }
 
+    /// Is it limited to some sessions (so it must learn nothing about the
+    /// others)?
+    pub fn is_scoped(&self) -> bool {
+        self.role != Role::Admin && self.sessions.is_some()
+    }
+
     /// May it register providers?
     pub fn may_register_providers(&self) -> bool {
         match self.role {

@@ -18,6 +18,9 @@ pub struct Config {
     pub durability: Durability,
     /// Envelopes kept in memory for `reconnect` replay.
     pub replay_ring_len: usize,
+    /// Bytes of envelopes kept in memory for `reconnect` replay; older ones
+    /// are dropped first, and a reconnect from before them gets snapshots.
+    pub replay_ring_bytes: usize,
     /// Largest `reconnect` replay sent as is; a bigger gap is answered with
     /// snapshots, which are smaller than a long backlog and fit any client's
     /// frame limit.
@@ -69,8 +72,42 @@ pub struct Limits {
     pub max_questions_per_request: usize,
     /// Characters in one text answer or free-form value (rejection echo).
     pub max_answer_chars: usize,
-    /// Sessions one token subject may create (`-32600`).
+    /// Sessions one token subject may create (`-32600`); counted across
+    /// restarts (the owner is stored with the session).
     pub max_sessions_per_token: usize,
+    /// Chats in one session (`createChat` → `-32600`).
+    pub max_chats_per_session: usize,
+    /// Bytes of a session or chat URI chosen by a client (`-32602`).
+    pub max_uri_bytes: usize,
+    /// Bytes of a `clientId` (`-32602`): it is copied into every envelope
+    /// the client's actions produce.
+    pub max_client_id_bytes: usize,
+    /// Characters of a session title or a provider's display name
+    /// (rejection echo / `-32602`).
+    pub max_title_chars: usize,
+    /// Characters of a provider's description (`-32602`).
+    pub max_description_chars: usize,
+    /// Providers one token subject may register (`-32600`).
+    pub max_providers_per_subject: usize,
+    /// Bytes of one `dispatchAction` message (rejection echo): bounds every
+    /// string inside an action — drafts, prompts, edited tool input.
+    pub max_action_bytes: usize,
+    /// Sustained bytes per second of actions one connection may have the
+    /// journal write (token bucket; beyond it: a rejection echo), so one
+    /// tenant cannot stall everyone's group commits.
+    pub dispatch_bytes_per_sec: f64,
+    /// Burst size of that bucket, in bytes.
+    pub dispatch_bytes_burst: f64,
+    /// Bytes of frames per second the server reads from one principal
+    /// (burst: twice that); past it, reading pauses.
+    pub inbound_bytes_per_sec: f64,
+    /// Requests per second (other than `dispatchAction` and `ping`) the
+    /// server handles for one principal (burst: twice that); past it,
+    /// handling waits.
+    pub requests_per_sec: f64,
+    /// `tandem/requestInteraction` calls one connection may have waiting at
+    /// once (`-32600`).
+    pub max_open_interactions_per_connection: usize,
 }
 
 impl Default for Limits {
@@ -84,6 +121,18 @@ impl Default for Limits {
             max_questions_per_request: 50,
             max_answer_chars: 20_000,
             max_sessions_per_token: 10_000,
+            max_chats_per_session: 256,
+            max_uri_bytes: 256,
+            max_client_id_bytes: 256,
+            max_title_chars: 1_000,
+            max_description_chars: 4_000,
+            max_providers_per_subject: 16,
+            max_action_bytes: 256 * 1024,
+            dispatch_bytes_per_sec: 1024.0 * 1024.0,
+            dispatch_bytes_burst: 4.0 * 1024.0 * 1024.0,
+            max_open_interactions_per_connection: 64,
+            inbound_bytes_per_sec: 4.0 * 1024.0 * 1024.0,
+            requests_per_sec: 100.0,
         }
     }
 }
@@ -99,6 +148,7 @@ impl Default for Config {
             data_dir: None,
             durability: Durability::Full,
             replay_ring_len: 100_000,
+            replay_ring_bytes: 64 * 1024 * 1024,
             max_replay_bytes: 4 * 1024 * 1024,
             snapshot_every: 64,
             provider_grace: Duration::from_secs(10),

@@ -14,6 +14,7 @@
 //! | [`server`] | actix-web app: `/ahp` WebSocket connections, `/healthz`, the embedded browser client (`web/`) at `/` |
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`config`] | tunables and limits |
+//! | [`rate`] | token buckets: dispatches per connection, bytes of actions per subject |
 //!
 //! The flow of one client action: a connection decodes `dispatchAction` and
 //! routes it by `params.channel` to the channel's actor; the actor validates
@@ -28,6 +29,7 @@ pub mod interactions;
 pub mod protocol;
 pub mod providers;
 pub mod publish;
+pub mod rate;
 pub mod server;
 pub mod store;
 pub mod time;

@@ -88,6 +88,9 @@ struct ServeArgs {
     /// Envelopes kept in memory for `reconnect` replay.
     #[arg(long, default_value_t = Config::default().replay_ring_len)]
     replay_ring_len: usize,
+    /// Bytes of envelopes kept in memory for `reconnect` replay.
+    #[arg(long, default_value_t = Config::default().replay_ring_bytes)]
+    replay_ring_bytes: usize,
     /// Largest reconnect replay sent as is; bigger gaps get snapshots.
     #[arg(long, default_value_t = Config::default().max_replay_bytes)]
     max_replay_bytes: usize,
@@ -120,6 +123,42 @@ struct ServeArgs {
     /// Sessions one token subject may create.
     #[arg(long, default_value_t = tandem::Limits::default().max_sessions_per_token)]
     max_sessions_per_token: usize,
+    /// Chats in one session.
+    #[arg(long, default_value_t = tandem::Limits::default().max_chats_per_session)]
+    max_chats_per_session: usize,
+    /// Bytes of a client-chosen session or chat URI.
+    #[arg(long, default_value_t = tandem::Limits::default().max_uri_bytes)]
+    max_uri_bytes: usize,
+    /// Bytes of a `clientId`.
+    #[arg(long, default_value_t = tandem::Limits::default().max_client_id_bytes)]
+    max_client_id_bytes: usize,
+    /// Characters of a session title or a provider's display name.
+    #[arg(long, default_value_t = tandem::Limits::default().max_title_chars)]
+    max_title_chars: usize,
+    /// Characters of a provider's description.
+    #[arg(long, default_value_t = tandem::Limits::default().max_description_chars)]
+    max_description_chars: usize,
+    /// Providers one token subject may register.
+    #[arg(long, default_value_t = tandem::Limits::default().max_providers_per_subject)]
+    max_providers_per_subject: usize,
+    /// Bytes of one `dispatchAction` message.
+    #[arg(long, default_value_t = tandem::Limits::default().max_action_bytes)]
+    max_action_bytes: usize,
+    /// Sustained bytes per second of actions per connection (burst: four
+    /// times that).
+    #[arg(long, default_value_t = tandem::Limits::default().dispatch_bytes_per_sec)]
+    dispatch_bytes_per_sec: f64,
+    /// Bytes per second the server reads from one principal (a token
+    /// subject; without auth, a connection); past it, reading pauses.
+    #[arg(long, default_value_t = tandem::Limits::default().inbound_bytes_per_sec)]
+    inbound_bytes_per_sec: f64,
+    /// Requests per second (other than dispatches and pings) handled for
+    /// one principal; past it, handling waits.
+    #[arg(long, default_value_t = tandem::Limits::default().requests_per_sec)]
+    requests_per_sec: f64,
+    /// `tandem/requestInteraction` calls one connection may have waiting.
+    #[arg(long, default_value_t = tandem::Limits::default().max_open_interactions_per_connection)]
+    max_open_interactions_per_connection: usize,
     /// Largest accepted WebSocket frame, in bytes.
     #[arg(long, default_value_t = Config::default().max_frame_bytes)]
     max_frame_bytes: usize,
@@ -168,11 +207,24 @@ fn serve() -> anyhow::Result<()> {
             max_questions_per_request: args.max_questions_per_request,
             max_answer_chars: args.max_answer_chars,
             max_sessions_per_token: args.max_sessions_per_token,
+            max_chats_per_session: args.max_chats_per_session,
+            max_uri_bytes: args.max_uri_bytes,
+            max_client_id_bytes: args.max_client_id_bytes,
+            max_title_chars: args.max_title_chars,
+            max_description_chars: args.max_description_chars,
+            max_providers_per_subject: args.max_providers_per_subject,
+            max_action_bytes: args.max_action_bytes,
+            dispatch_bytes_per_sec: args.dispatch_bytes_per_sec,
+            dispatch_bytes_burst: args.dispatch_bytes_per_sec * 4.0,
+            max_open_interactions_per_connection: args.max_open_interactions_per_connection,
+            inbound_bytes_per_sec: args.inbound_bytes_per_sec,
+            requests_per_sec: args.requests_per_sec,
         },
         auth_secret: secret,
         data_dir: (!args.in_memory).then(|| args.data_dir.clone()),
         durability: args.durability,
         replay_ring_len: args.replay_ring_len,
+        replay_ring_bytes: args.replay_ring_bytes,
         max_replay_bytes: args.max_replay_bytes,
         outbound_limit_bytes: args.outbound_limit_bytes,
         write_pacing: std::time::Duration::from_secs_f64(args.write_pacing_ms.max(0.0) / 1000.0),

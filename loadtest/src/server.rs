@@ -108,11 +108,14 @@ pub fn scratch_dir() -> PathBuf {
 /// defaults (256 connections, 5,000 dispatches/s per connection) are meant
 /// for people, not for thousands of simulated clients. Flags the user passes
 /// with `--server-arg` win; flags the binary lacks are skipped.
-pub const LOAD_TEST_LIMITS: [(&str, &str); 4] = [
+pub const LOAD_TEST_LIMITS: [(&str, &str); 7] = [
     ("--max-connections-per-token", "1000000"),
     ("--max-sessions-per-token", "1000000"),
     ("--dispatches-per-sec", "1000000000"),
     ("--max-subscriptions-per-connection", "1000000"),
+    ("--dispatch-bytes-per-sec", "1000000000000"),
+    ("--inbound-bytes-per-sec", "1000000000000"),
+    ("--requests-per-sec", "1000000000"),
 ];
 
 fn load_test_limits(opts: &ServerOpts) -> anyhow::Result<Vec<String>> {
@@ -315,6 +318,10 @@ impl Server {
             config.limits.max_sessions_per_token = usize::MAX;
             config.limits.dispatches_per_sec = 1e9;
             config.limits.dispatch_burst = 1e9;
+            config.limits.dispatch_bytes_per_sec = 1e12;
+            config.limits.dispatch_bytes_burst = 1e12;
+            config.limits.inbound_bytes_per_sec = 1e12;
+            config.limits.requests_per_sec = 1e9;
             let task = tokio::spawn(tandem::run(listener, config, async {
                 let _ = rx.await;
             }));

@@ -29,6 +29,8 @@ pub struct Shared {
     pub connections: dashmap::DashMap<ConnId, Arc<Outbound>>,
     /// Open connections per token subject.
     pub connections_per_token: dashmap::DashMap<String, usize>,
+    /// What each principal may still send and have journaled now.
+    pub principals: crate::rate::Principals,
     /// Token verification, when a secret is configured.
     pub auth: Option<crate::auth::Authenticator>,
     arbiters: Vec<ArbiterHandle>,
@@ -53,6 +55,7 @@ impl Shared {
             publisher: Publisher::with_reserver(
                 start_seq,
                 config.replay_ring_len,
+                config.replay_ring_bytes,
                 Box::new(move |upto| reserving.reserve_seq(upto).is_ok()),
             ),
             config,
@@ -61,6 +64,7 @@ impl Shared {
             providers,
             connections: dashmap::DashMap::new(),
             connections_per_token: dashmap::DashMap::new(),
+            principals: crate::rate::Principals::default(),
             auth,
             arbiters,
             next_arbiter: AtomicUsize::new(0),

@@ -139,6 +139,9 @@ impl Handler<Restore> for RootActor {
                         c.info.created_at.clone(),
                         self.address(),
                     );
+                    if let Some(owner) = &c.info.owner {
+                        self.note_owner(owner, uri.clone());
+                    }
                     let addr = self.start_session(uri, actor, summary);
                     sessions.insert(c.info.uri, addr);
                     stats.sessions += 1;

@@ -83,12 +83,24 @@ impl RootActor {
         self.me.clone()
     }
 
-    /// Publish the session count.
+    /// Publish the session count — to the subscribers that see every
+    /// session only: a scoped client would learn other tenants' activity
+    /// from it, so its root state has no `activeSessions` at all.
     pub fn session_count_changed(&mut self) {
         let n = self.sessions.len() as i64;
-        self.host_action(StateAction::RootActiveSessionsChanged(
-            RootActiveSessionsChangedAction { active_sessions: n },
-        ));
+        let action = StateAction::RootActiveSessionsChanged(RootActiveSessionsChangedAction {
+            active_sessions: n,
+        });
+        if ahp::reducers::apply_action_to_root(&mut self.state, &action)
+            != ahp::ReduceOutcome::Applied
+        {
+            return;
+        }
+        let json = serde_json::to_string(&action).unwrap_or_else(|_| "null".into());
+        self.core
+            .shared
+            .publisher
+            .publish_unscoped(&self.core.uri, &self.core.hub, &json);
     }
 }
 
@@ -119,6 +131,13 @@ impl Handler<Subscribe> for RootActor {
     type Result = Result<SnapshotJson, RpcError>;
 
     fn handle(&mut self, msg: Subscribe, _: &mut Self::Context) -> Self::Result {
+        if msg.conn.is_scoped() {
+            let scoped = RootState {
+                active_sessions: None,
+                ..self.state.clone()
+            };
+            return self.core.subscribe(&msg.conn, &scoped);
+        }
         self.core.subscribe(&msg.conn, &self.state)
     }
 }
@@ -158,6 +177,13 @@ impl RootActor {
         msg: CreateSession,
     ) -> Result<tokio::sync::oneshot::Receiver<Result<(), super::Rejection>>, RpcError> {
         let prefix = "ahp-session:/";
+        let max_uri = self.core.shared.config.limits.max_uri_bytes;
+        if msg.uri.len() > max_uri {
+            return Err(RpcError::invalid_params(format!(
+                "a session URI of {} bytes is over the limit of {max_uri}",
+                msg.uri.len()
+            )));
+        }
         if !msg.uri.starts_with(prefix)
             || msg.uri.len() <= prefix.len()
             || msg.uri[prefix.len()..].contains('/')
@@ -192,8 +218,8 @@ impl RootActor {
         }
         let shared = self.core.shared.clone();
         let uri: Arc<str> = msg.uri.into();
-        if let Some((owner, _)) = msg.owner {
-            self.owned.entry(owner).or_default().insert(uri.clone());
+        if let Some((owner, _)) = &msg.owner {
+            self.note_owner(owner, uri.clone());
         }
         let session_actor = SessionActor::new(
             uri.clone(),
@@ -210,6 +236,7 @@ impl RootActor {
             provider,
             title: summary.title.clone(),
             created_at: summary.created_at.clone(),
+            owner: msg.owner.as_ref().map(|(owner, _)| owner.clone()),
         }));
         let (done, rx) = tokio::sync::oneshot::channel();
         let addr = self.start_session(uri.clone(), session_actor, summary.clone());
@@ -227,6 +254,14 @@ impl RootActor {
         );
         self.session_count_changed();
         Ok(rx)
+    }
+
+    /// `owner` created `session` (counted against its session limit).
+    pub fn note_owner(&mut self, owner: &str, session: Arc<str>) {
+        self.owned
+            .entry(owner.to_owned())
+            .or_default()
+            .insert(session);
     }
 
     /// Start a session actor, register it, and list it.

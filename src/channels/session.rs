@@ -243,6 +243,7 @@ impl SessionActor {
             provider: self.state.provider.clone(),
             title: title.clone(),
             created_at: now.clone(),
+            owner: None,
         }));
         let hub = Arc::new(Hub::default());
         let session = self.core.uri.clone();
@@ -283,6 +284,22 @@ impl SessionActor {
             ));
         }
         actions
+    }
+
+    /// A title is shown in every client's session list and copied into
+    /// root notifications: it has a length limit.
+    fn check_title(&self, action: &StateAction) -> Result<(), Rejection> {
+        let StateAction::SessionTitleChanged(a) = action else {
+            return Ok(());
+        };
+        let max = self.core.shared.config.limits.max_title_chars;
+        let n = a.title.chars().count();
+        if n > max {
+            return Err(Rejection::new(format!(
+                "a title of {n} characters is over the limit of {max}"
+            )));
+        }
+        Ok(())
     }
 
     fn check_config(&self, action: &StateAction) -> Result<(), Rejection> {
@@ -378,7 +395,8 @@ impl Handler<ClientDispatch> for SessionActor {
                 "`{ty}` is not a client-dispatchable action"
             )))
         } else {
-            self.check_config(&action)
+            self.check_title(&action)
+                .and_then(|()| self.check_config(&action))
         };
         let checked = checked.and_then(|()| {
             // Setting a config value to what it already is emits nothing.
@@ -580,6 +598,22 @@ impl Handler<CreateChat> for SessionActor {
     type Result = ResponseFuture<Result<(), RpcError>>;
 
     fn handle(&mut self, msg: CreateChat, ctx: &mut Self::Context) -> Self::Result {
+        let limits = &self.core.shared.config.limits;
+        if msg.chat.len() > limits.max_uri_bytes {
+            let e = RpcError::invalid_params(format!(
+                "a chat URI of {} bytes is over the limit of {}",
+                msg.chat.len(),
+                limits.max_uri_bytes
+            ));
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        if self.chats.len() >= limits.max_chats_per_session {
+            let e = RpcError::invalid_request(format!(
+                "chat limit reached: a session holds at most {} chats",
+                limits.max_chats_per_session
+            ));
+            return Box::pin(std::future::ready(Err(e)));
+        }
         if !msg.chat.starts_with("ahp-chat:/") || msg.chat.len() <= "ahp-chat:/".len() {
             let e = RpcError::invalid_params(format!(
                 "chat URI `{}` must look like `ahp-chat:/<id>`",

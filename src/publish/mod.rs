@@ -77,6 +77,9 @@ impl Hub {
 struct RingEntry {
     seq: u64,
     channel: Arc<str>,
+    /// Only for connections that see every session (see
+    /// [`Publisher::publish_unscoped`]).
+    unscoped_only: bool,
     /// The serialized `ActionEnvelope` (the `params` of an `action` notification).
     envelope: Arc<str>,
 }
@@ -95,6 +98,8 @@ struct SeqState {
     reserved: u64,
     /// Most recent envelopes, oldest first, for `reconnect` replay.
     ring: VecDeque<RingEntry>,
+    /// Bytes of the envelopes in `ring`.
+    ring_bytes: usize,
 }
 
 /// What `reconnect` can get from the ring.
@@ -111,6 +116,10 @@ pub struct Publisher {
     state: Mutex<SeqState>,
     /// Envelopes kept for replay (`--replay-ring-len`).
     ring_len: usize,
+    /// Bytes of envelopes kept for replay (`--replay-ring-bytes`): a few
+    /// large actions must not pin hundreds of megabytes; a reconnect from
+    /// before the oldest kept envelope gets snapshots instead.
+    ring_bytes_limit: usize,
     reserver: Reserver,
 }
 
@@ -118,21 +127,34 @@ impl Publisher {
     /// Start counting after `start_seq` (the highest seq ever handed out, so the
     /// counter never goes backwards across restarts when the store remembers it).
     pub fn new(start_seq: u64, ring_len: usize) -> Self {
-        Self::with_reserver(start_seq, ring_len, Box::new(|_| true))
+        Self::with_reserver(start_seq, ring_len, usize::MAX, Box::new(|_| true))
     }
 
-    /// A publisher that durably reserves blocks of `serverSeq` before using
-    /// them (the store's `reserve_seq`).
-    pub fn with_reserver(start_seq: u64, ring_len: usize, reserver: Reserver) -> Self {
+    /// A publisher that keeps at most `ring_len` envelopes and `ring_bytes`
+    /// bytes for replay, and durably reserves blocks of `serverSeq` before
+    /// using them (the store's `reserve_seq`).
+    pub fn with_reserver(
+        start_seq: u64,
+        ring_len: usize,
+        ring_bytes: usize,
+        reserver: Reserver,
+    ) -> Self {
         Self {
             state: Mutex::new(SeqState {
                 seq: start_seq,
                 reserved: start_seq,
                 ring: VecDeque::with_capacity(ring_len.min(1 << 16)),
+                ring_bytes: 0,
             }),
             ring_len,
+            ring_bytes_limit: ring_bytes,
             reserver,
         }
+    }
+
+    /// Bytes of envelopes held for replay.
+    pub fn ring_bytes(&self) -> usize {
+        self.state.lock().ring_bytes
     }
 
     /// The last assigned `serverSeq`.
@@ -151,6 +173,25 @@ impl Publisher {
         action_json: &str,
         origin: Option<&ActionOrigin>,
         origin_conn: Option<&Arc<Outbound>>,
+    ) -> ServerSeq {
+        self.publish_to(channel, hub, action_json, origin, origin_conn, false)
+    }
+
+    /// Publish a host action only to the subscribers that see every session
+    /// (a count of all sessions tells a scoped client about other tenants).
+    /// Scoped subscribers neither receive it nor get it in a replay.
+    pub fn publish_unscoped(&self, channel: &Arc<str>, hub: &Hub, action_json: &str) -> ServerSeq {
+        self.publish_to(channel, hub, action_json, None, None, true)
+    }
+
+    fn publish_to(
+        &self,
+        channel: &Arc<str>,
+        hub: &Hub,
+        action_json: &str,
+        origin: Option<&ActionOrigin>,
+        origin_conn: Option<&Arc<Outbound>>,
+        unscoped_only: bool,
     ) -> ServerSeq {
         let channel_json = serde_json::to_string(&**channel).unwrap_or_else(|_| "\"\"".into());
         let origin_json = origin
@@ -177,6 +218,9 @@ impl Publisher {
         let subs = hub.subscribers.lock();
         let mut origin_delivered = false;
         for s in subs.iter() {
+            if unscoped_only && s.is_scoped() {
+                continue;
+            }
             match origin_conn {
                 Some(o) if o.id() == s.id() => {
                     origin_delivered = true;
@@ -189,15 +233,26 @@ impl Publisher {
         if let (Some(o), false) = (origin_conn, origin_delivered) {
             o.push_echo(seq, frame);
         }
-        if self.ring_len > 0 {
-            if st.ring.len() >= self.ring_len {
-                st.ring.pop_front();
+        if self.ring_len > 0 && envelope.len() <= self.ring_bytes_limit {
+            while st.ring.len() >= self.ring_len
+                || st.ring_bytes + envelope.len() > self.ring_bytes_limit
+            {
+                let Some(old) = st.ring.pop_front() else {
+                    break;
+                };
+                st.ring_bytes -= old.envelope.len();
             }
+            st.ring_bytes += envelope.len();
             st.ring.push_back(RingEntry {
                 seq,
                 channel: channel.clone(),
+                unscoped_only,
                 envelope,
             });
+        } else {
+            // Too large to keep: nothing before it can be replayed either.
+            st.ring.clear();
+            st.ring_bytes = 0;
         }
         ServerSeq(seq)
     }
@@ -241,6 +296,7 @@ impl Publisher {
             .ring
             .range(start..)
             .filter(|e| channels.iter().any(|(c, _)| **c == *e.channel))
+            .filter(|e| !(e.unscoped_only && conn.is_scoped()))
             .map(|e| e.envelope.clone())
             .collect();
         if envelopes.iter().map(|e| e.len()).sum::<usize>() > max_bytes {
@@ -311,6 +367,43 @@ mod tests {
             "non-subscribed sender gets its echo"
         );
         assert_eq!(a.last_seq(), 2);
+    }
+
+    #[test]
+    fn the_ring_is_bounded_in_bytes_and_falls_back_to_snapshots() {
+        let p = Publisher::with_reserver(0, 1000, 1000, Box::new(|_| true));
+        let hub = Arc::new(Hub::default());
+        let ch: Arc<str> = "ahp-chat:/x".into();
+        let big = format!("\"{}\"", "x".repeat(300));
+        for _ in 0..10 {
+            p.publish(&ch, &hub, &big, None, None);
+        }
+        assert!(p.ring_bytes() <= 1000, "{} bytes kept", p.ring_bytes());
+        let chans = vec![(ch.clone(), hub.clone())];
+        let c = conn(1 << 20);
+        assert!(
+            matches!(
+                p.replay_and_subscribe(5, &chans, &c, usize::MAX, |_| {}),
+                Replay::TooOld
+            ),
+            "what the byte bound dropped is answered with snapshots"
+        );
+        match p.replay_and_subscribe(8, &chans, &c, usize::MAX, |_| {}) {
+            Replay::Envelopes(e) => assert_eq!(e.len(), 2),
+            Replay::TooOld => panic!("the newest envelopes are kept"),
+        }
+        let huge = format!("\"{}\"", "x".repeat(2000));
+        p.publish(&ch, &hub, &huge, None, None);
+        assert_eq!(p.ring_bytes(), 0, "an envelope over the bound is not kept");
+        assert!(matches!(
+            p.replay_and_subscribe(10, &chans, &c, usize::MAX, |_| {}),
+            Replay::TooOld
+        ));
+        p.publish(&ch, &hub, "{}", None, None);
+        match p.replay_and_subscribe(11, &chans, &c, usize::MAX, |_| {}) {
+            Replay::Envelopes(e) => assert_eq!(e.len(), 1),
+            Replay::TooOld => panic!("replay resumes after the large one"),
+        }
     }
 
     #[test]

@@ -9,9 +9,15 @@
 //! for eviction: the queue is dropped and the socket is closed with a reason.
 //! The client recovers everything with `reconnect` (invariant 5).
 //!
-//! Replies to the client's own requests are not counted against the limit:
-//! the client asked for them, and a `reconnect` replay after an eviction is
-//! by construction larger than the limit that evicted it.
+//! Every queued byte is counted. Pushed frames (envelopes, notifications,
+//! answers to small requests, pongs) may hold at most the limit. Large
+//! replies (snapshots for `subscribe` / `initialize`, `reconnect` replays)
+//! have a budget of their own, the same size: a reply asked for while the
+//! replies already queued fill it evicts the connection, so a client that
+//! asks and never reads makes the server hold at most twice the limit plus
+//! one reply. One large answer — a chat snapshot bigger than the limit —
+//! never evicts a client that reads, and envelopes that arrive while it
+//! drains are judged against their own budget.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,13 +58,13 @@ pub enum CloseCause {
 /// One queued frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
-    /// A text frame (JSON-RPC); `counted` when it counts against the limit
-    /// (pushed, not a reply).
+    /// A text frame (JSON-RPC).
     Text {
         /// The text to write.
         data: ByteString,
-        /// Counted in the queue's bytes.
-        counted: bool,
+        /// A reply counted in the replies' budget rather than the pushed
+        /// frames'.
+        reply: bool,
     },
     /// A ping (heartbeat).
     Ping,
@@ -94,8 +100,10 @@ pub enum Take {
 
 struct State {
     frames: VecDeque<Frame>,
-    /// Bytes of counted frames in `frames` and `held`.
+    /// Bytes of the pushed frames in `frames` and `held`.
     bytes: usize,
+    /// Bytes of the replies in `frames`.
+    reply_bytes: usize,
     /// Highest `serverSeq` pushed to this connection.
     last_seq: u64,
     /// While true, pushes go to `held` so a reply can be queued before them.
@@ -183,6 +191,7 @@ impl Outbound {
             state: Mutex::new(State {
                 frames: VecDeque::new(),
                 bytes: 0,
+                reply_bytes: 0,
                 last_seq: 0,
                 gated: false,
                 held: VecDeque::new(),
@@ -206,6 +215,11 @@ impl Outbound {
     /// Whether this connection may see session `uri`.
     pub fn sees_session(&self, uri: &str) -> bool {
         self.scope.as_ref().is_none_or(|s| s.contains(uri))
+    }
+
+    /// Whether this connection is limited to some sessions.
+    pub fn is_scoped(&self) -> bool {
+        self.scope.is_some()
     }
 
     /// Highest `serverSeq` pushed so far.
@@ -241,17 +255,10 @@ impl Outbound {
             return (false, None);
         }
         if st.bytes + data.len() > self.limit_bytes {
-            st.frames.clear();
-            st.held.clear();
-            st.bytes = 0;
-            st.close = Some(CloseCause::Overflow);
-            return (false, st.waker.take());
+            return (false, Self::overflow(st));
         }
         st.bytes += data.len();
-        let frame = Frame::Text {
-            data,
-            counted: true,
-        };
+        let frame = Frame::Text { data, reply: false };
         if st.gated {
             st.held.push_back(frame);
             (true, None)
@@ -298,29 +305,33 @@ impl Outbound {
         self.push_counted(None, frame, true);
     }
 
-    /// Queue a reply to one of the client's requests (not counted, not
-    /// gated, never held for pacing).
-    pub fn push_reply(&self, data: ByteString) {
-        self.push_uncounted(Frame::Text {
-            data,
-            counted: false,
-        });
-    }
-
-    /// Queue a pong answering the client's ping.
+    /// Queue a pong answering the client's ping (counted, so a client that
+    /// pings and never reads is evicted like any other).
     pub fn push_pong(&self, payload: Bytes) {
-        self.push_uncounted(Frame::Pong(payload));
-    }
-
-    fn push_uncounted(&self, frame: Frame) {
         let waker = {
             let mut st = self.state.lock();
             if st.close.is_some() {
                 return;
             }
-            Self::enqueue_urgent(&mut st, frame)
+            if st.bytes + payload.len() > self.limit_bytes {
+                Self::overflow(&mut st)
+            } else {
+                st.bytes += payload.len();
+                Self::enqueue_urgent(&mut st, Frame::Pong(payload))
+            }
         };
         wake(waker);
+    }
+
+    /// The queue passed its limit: drop it and close with
+    /// [`CloseCause::Overflow`].
+    fn overflow(st: &mut State) -> Option<Waker> {
+        st.frames.clear();
+        st.held.clear();
+        st.bytes = 0;
+        st.reply_bytes = 0;
+        st.close = Some(CloseCause::Overflow);
+        st.waker.take()
     }
 
     /// Push a frame built from the last `serverSeq` sent here (rejection echoes
@@ -340,17 +351,23 @@ impl Outbound {
         self.state.lock().gated = true;
     }
 
-    /// Queue `reply` (if any, not counted) and then everything held, and stop
-    /// holding.
+    /// Queue `reply` (if any) and then everything held, and stop holding.
+    /// The reply counts in the replies' budget, and may take it past the
+    /// limit once; if the replies queued already fill it, the connection is
+    /// evicted instead (a client that keeps asking without reading).
     pub fn ungate_with(&self, reply: Option<ByteString>) {
         let waker = {
             let mut st = self.state.lock();
             st.gated = false;
             if let (Some(data), None) = (reply, &st.close) {
-                st.frames.push_back(Frame::Text {
-                    data,
-                    counted: false,
-                });
+                if st.reply_bytes >= self.limit_bytes {
+                    let waker = Self::overflow(&mut st);
+                    drop(st);
+                    wake(waker);
+                    return;
+                }
+                st.reply_bytes += data.len();
+                st.frames.push_back(Frame::Text { data, reply: true });
                 st.urgent = true;
             }
             let held = std::mem::take(&mut st.held);
@@ -433,6 +450,7 @@ impl Outbound {
             st.frames.drain(..n).collect()
         };
         st.bytes -= frames.iter().map(counted_len).sum::<usize>();
+        st.reply_bytes -= frames.iter().map(reply_len).sum::<usize>();
         let more = !st.frames.is_empty();
         // A backlog is taken again at once (no pacing), so urgency only
         // needs clearing once everything has gone.
@@ -498,7 +516,8 @@ impl Outbound {
 
     /// Queued bytes (for metrics and tests).
     pub fn queued_bytes(&self) -> usize {
-        self.state.lock().bytes
+        let st = self.state.lock();
+        st.bytes + st.reply_bytes
     }
 
     /// Take the queued text frames (tests without a socket).
@@ -506,6 +525,7 @@ impl Outbound {
     pub(crate) fn drain_for_test(&self) -> Vec<ByteString> {
         let mut st = self.state.lock();
         st.bytes = st.held.iter().map(counted_len).sum();
+        st.reply_bytes = 0;
         st.frames
             .drain(..)
             .filter_map(|f| match f {
@@ -529,12 +549,18 @@ fn frame_len(f: &Frame) -> usize {
     }
 }
 
+/// Bytes of `f` in the pushed frames' budget.
 fn counted_len(f: &Frame) -> usize {
     match f {
-        Frame::Text {
-            data,
-            counted: true,
-        } => data.len(),
+        Frame::Text { reply: true, .. } => 0,
+        f => frame_len(f),
+    }
+}
+
+/// Bytes of `f` in the replies' budget.
+fn reply_len(f: &Frame) -> usize {
+    match f {
+        Frame::Text { data, reply: true } => data.len(),
         _ => 0,
     }
 }
@@ -594,7 +620,7 @@ mod tests {
         let t = take(&o).expect("the close is ready");
         assert!(t.frames.is_empty(), "an evicted queue is dropped");
         assert_eq!(t.close, Some(CloseCause::Overflow));
-        o.push_reply("late".into());
+        o.push_now("late".into());
         assert!(take(&o).unwrap().frames.is_empty(), "nothing after a close");
     }
 
@@ -623,16 +649,51 @@ mod tests {
     }
 
     #[test]
-    fn replies_do_not_count_against_the_limit() {
+    fn a_reply_may_pass_the_limit_once_and_a_second_one_evicts() {
         let o = Outbound::new(10);
-        o.push_reply(ByteString::from("a reply far larger than ten bytes"));
-        assert!(!o.is_closing());
-        assert_eq!(o.queued_bytes(), 0);
         o.gate();
         o.push_envelope(1, "12345".into());
+        o.ungate_with(Some("a reply far larger than ten bytes".into()));
+        assert!(!o.is_closing(), "one large reply never evicts");
+        assert_eq!(o.queued_bytes(), 5 + 33, "the reply is counted");
+        o.push_envelope(2, "12345".into());
+        assert!(
+            !o.is_closing(),
+            "envelopes have their own budget while a reply drains"
+        );
+        o.gate();
         o.ungate_with(Some("another long reply".into()));
+        assert!(o.is_closing(), "asking again without reading evicts");
+        let t = take(&o).expect("the close is ready");
+        assert!(t.frames.is_empty());
+        assert_eq!(t.close, Some(CloseCause::Overflow));
+    }
+
+    #[test]
+    fn taking_a_reply_frees_its_budget() {
+        let o = Outbound::new(10);
+        o.gate();
+        o.ungate_with(Some("a reply far larger than ten bytes".into()));
+        assert_eq!(
+            texts(&take(&o).unwrap()),
+            ["a reply far larger than ten bytes"]
+        );
+        assert_eq!(o.queued_bytes(), 0);
+        o.gate();
+        o.ungate_with(Some("another long reply".into()));
+        assert!(!o.is_closing(), "a client that reads may ask again");
+    }
+
+    #[test]
+    fn pongs_count_against_the_limit() {
+        let o = Outbound::new(10);
+        o.push_pong(Bytes::from_static(b"123456"));
         assert!(!o.is_closing());
-        assert_eq!(o.queued_bytes(), 5);
+        o.push_pong(Bytes::from_static(b"123456"));
+        assert!(
+            o.is_closing(),
+            "a client that pings and never reads is evicted"
+        );
     }
 
     #[test]
@@ -689,7 +750,7 @@ mod tests {
         o.push_envelope(2, "e2".into());
         o.push_frame("n".into());
         assert_eq!(wakes(), 1, "pushed frames wait for the deadline quietly");
-        o.push_reply("r".into());
+        o.push_now("r".into());
         assert_eq!(wakes(), 2, "a reply wakes at once");
         match o.poll_take(&mut cx, true) {
             Take::Ready(t) => assert_eq!(texts(&t), ["e1", "e2", "n", "r"]),
@@ -748,7 +809,7 @@ mod tests {
         for i in 0..20 {
             o.push_envelope(i, frame.clone());
         }
-        o.push_reply("reply".into());
+        o.push_now("reply".into());
         o.close(CloseCause::Shutdown);
         let first = take(&o).unwrap();
         assert_eq!(first.frames.len(), TAKE_BUDGET / 10_000);
@@ -757,7 +818,7 @@ mod tests {
             first.close, None,
             "the close waits for the frames before it"
         );
-        assert_eq!(o.queued_bytes(), (20 - first.frames.len()) * 10_000);
+        assert_eq!(o.queued_bytes(), (20 - first.frames.len()) * 10_000 + 5);
         let mut rest = Vec::new();
         loop {
             let t = take(&o).unwrap();

@@ -101,9 +101,16 @@ pub async fn ahp_ws(
     let inbound = Inbound::new(body.into_inner(), cfg.max_frame_bytes);
     let out = Arc::new(Outbound::scoped(
         cfg.outbound_limit_bytes,
-        principal.sessions.clone(),
+        principal
+            .is_scoped()
+            .then(|| principal.sessions.clone())
+            .flatten(),
     ));
     state.shared.connections.insert(out.id(), out.clone());
+    let rate_key = match &state.shared.auth {
+        Some(_) => principal.subject.clone(),
+        None => format!("conn:{}", out.id().0),
+    };
     let conn = Connection {
         shared: state.shared.clone(),
         root: state.root.clone(),
@@ -112,7 +119,9 @@ pub async fn ahp_ws(
         subs: HashSet::new(),
         providers: HashSet::new(),
         principal,
-        bucket: (cfg.limits.dispatch_burst, std::time::Instant::now()),
+        open_interactions: 0,
+        rate_key,
+        budget: crate::rate::DispatchBudget::new(&cfg.limits, std::time::Instant::now()),
     };
     let addr = Connection::create(move |ctx| {
         ctx.add_stream(inbound);
@@ -167,8 +176,13 @@ pub struct Connection {
     providers: HashSet<String>,
     /// Who is on the connection.
     principal: Principal,
-    /// Dispatch token bucket: tokens left, last refill.
-    bucket: (f64, std::time::Instant),
+    /// `tandem/requestInteraction` calls waiting for their settlement.
+    open_interactions: usize,
+    /// Whose rate buckets this connection draws on (see [`crate::rate`]):
+    /// the token subject, or the connection itself without authentication.
+    rate_key: String,
+    /// Dispatches and bytes of actions this connection may still send now.
+    budget: crate::rate::DispatchBudget,
 }
 
 impl Actor for Connection {
@@ -184,6 +198,9 @@ impl Actor for Connection {
             self.shared.providers.connection_closed(&p, self.out.id());
         }
         release_token_slot(&self.shared, &self.principal.subject);
+        if self.shared.auth.is_none() {
+            self.shared.principals.forget(&self.rate_key);
+        }
         self.shared.connections.remove(&self.out.id());
         self.out.close(CloseCause::Normal);
         Running::Stop
@@ -205,6 +222,11 @@ impl Handler<SocketGone> for Connection {
 
 impl StreamHandler<Result<Received, ReadError>> for Connection {
     fn handle(&mut self, item: Result<Received, ReadError>, ctx: &mut Self::Context) {
+        if self.out.is_closing() && !matches!(item, Ok(Received::Close(_))) {
+            // Evicted or closing: whatever the client still sends is not
+            // worked on (its answers could not be sent anyway).
+            return;
+        }
         self.out.received();
         match item {
             Ok(Received::Text(text)) => self.on_text(&text, ctx),
@@ -245,6 +267,28 @@ struct RegisterProviderParams {
     display_name: String,
     #[serde(default)]
     description: Option<String>,
+}
+
+/// `-32602` unless a provider's display name and description are within
+/// their limits: root state carries them to every client.
+fn check_provider_texts(
+    p: &RegisterProviderParams,
+    limits: &crate::config::Limits,
+) -> Result<(), RpcError> {
+    let over = |field: &str, n: usize, max: usize| {
+        Err(RpcError::invalid_params(format!(
+            "`{field}` of {n} characters is over the limit of {max}"
+        )))
+    };
+    let name = p.display_name.chars().count();
+    if name > limits.max_title_chars {
+        return over("displayName", name, limits.max_title_chars);
+    }
+    let description = p.description.as_deref().map_or(0, |d| d.chars().count());
+    if description > limits.max_description_chars {
+        return over("description", description, limits.max_description_chars);
+    }
+    Ok(())
 }
 
 /// `tandem/requestInteraction` params.
@@ -305,14 +349,46 @@ impl Connection {
                 RpcError::invalid_request(format!("`{}` before `initialize`: a connection starts with `initialize` or `reconnect`", inc.method)),
             );
         }
-        if let Err(err) = self.route(inc, ctx) {
+        // Past its principal's rate, a connection's next message waits (and
+        // nothing more is read from it meanwhile).
+        let request = ![m::DISPATCH_ACTION, m::PING].contains(&inc.method.as_str());
+        let delay = self.shared.principals.pace(
+            &self.rate_key,
+            text.len(),
+            request,
+            &self.shared.config.limits,
+            std::time::Instant::now(),
+        );
+        let frame_bytes = text.len();
+        if delay.is_zero() {
+            self.handle_message(inc, frame_bytes, ctx);
+        } else {
+            ctx.wait(
+                tokio::time::sleep(delay)
+                    .into_actor(self)
+                    .map(move |(), act, ctx| act.handle_message(inc, frame_bytes, ctx)),
+            );
+        }
+    }
+
+    fn handle_message(&mut self, inc: Incoming, frame_bytes: usize, ctx: &mut Context<Self>) {
+        if self.out.is_closing() {
+            return;
+        }
+        if let Err(err) = self.route(inc, frame_bytes, ctx) {
             let (id, err) = err;
             self.reply_error(&id, err);
         }
     }
 
-    /// Handle one message; an `Err` is answered with the id it carries.
-    fn route(&mut self, inc: Incoming, ctx: &mut Context<Self>) -> Result<(), (Value, RpcError)> {
+    /// Handle one message (`frame_bytes` long); an `Err` is answered with the
+    /// id it carries.
+    fn route(
+        &mut self,
+        inc: Incoming,
+        frame_bytes: usize,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), (Value, RpcError)> {
         let Incoming { id, method, params } = inc;
         let eid = id.clone().unwrap_or(Value::Null);
         let fail = |e: RpcError| (eid.clone(), e);
@@ -359,19 +435,21 @@ impl Connection {
             }
             m::DISPATCH_ACTION => {
                 let p: DispatchActionParams = decode_params(&method, params).map_err(fail)?;
-                let Some(ch) = self.shared.registry.get(&p.channel) else {
-                    tracing::debug!(channel = %p.channel, "action for an unknown channel ignored");
-                    return Ok(());
-                };
                 let origin = ActionOrigin {
                     client_id: self.client_id.clone().unwrap_or_default(),
                     client_seq: p.client_seq,
                 };
+                let shared = self.shared.clone();
+                let limits = &shared.config.limits;
                 let refused = match self.permit(&p.channel) {
                     Err(e) => Some(format!("PermissionDenied: {}", e.message)),
-                    Ok(()) if !self.take_dispatch_token() => Some(format!(
-                        "rate limited: more than {} dispatches per second on this connection",
-                        self.shared.config.limits.dispatches_per_sec
+                    Ok(()) if frame_bytes > limits.max_action_bytes => Some(format!(
+                        "too large: a `dispatchAction` of {frame_bytes} bytes is over the limit of {} bytes",
+                        limits.max_action_bytes
+                    )),
+                    Ok(()) if !self.take_dispatch_token(frame_bytes) => Some(format!(
+                        "rate limited: more than {} dispatches or {} bytes of actions per second on this connection",
+                        limits.dispatches_per_sec, limits.dispatch_bytes_per_sec
                     )),
                     Ok(()) => None,
                 };
@@ -380,8 +458,18 @@ impl Connection {
                     self.out.push_with_last_seq(|last| {
                         crate::publish::rejection_frame(&p.channel, &json, last, &origin, &reason)
                     });
+                    self.reply(&id, &Value::Null);
                     return Ok(());
                 }
+                let Some(ch) = self.shared.registry.get(&p.channel) else {
+                    // AHP: an action for a channel that does not exist is
+                    // ignored; a caller that asked for a reply is told why.
+                    tracing::debug!(channel = %p.channel, "action for an unknown channel ignored");
+                    if id.is_some() {
+                        return Err(fail(Self::not_found(&p.channel)));
+                    }
+                    return Ok(());
+                };
                 let as_agent = ch
                     .provider
                     .as_deref()
@@ -516,6 +604,16 @@ impl Connection {
                 self.reply(&id, &Value::Null);
             }
             m::REQUEST_INTERACTION => {
+                let max = self
+                    .shared
+                    .config
+                    .limits
+                    .max_open_interactions_per_connection;
+                if self.open_interactions >= max {
+                    return Err(fail(RpcError::invalid_request(format!(
+                        "at most {max} interactions may wait on one connection"
+                    ))));
+                }
                 let p: RequestInteractionParams = decode_params(&method, params).map_err(fail)?;
                 self.request_interaction(id, p, ctx).map_err(fail)?;
             }
@@ -571,30 +669,37 @@ impl Connection {
     }
 
     /// `-32009` unless this connection may use the channel's session.
+    ///
+    /// A scoped token learns nothing about channels outside its scope: a
+    /// chat that does not exist is refused exactly like another tenant's
+    /// chat, and a session outside the scope likewise, whether it exists or
+    /// not. Only an unscoped token is told that a channel does not exist.
     fn permit(&self, uri: &str) -> Result<(), RpcError> {
-        match self.session_of(uri) {
-            Some(s) if !self.principal.may_use_session(&s) => Err(RpcError::new(
+        let denied = |uri: &str| {
+            Err(RpcError::new(
                 errors::PERMISSION_DENIED,
-                format!("this token may not use `{s}`"),
-            )),
-            _ => Ok(()),
+                format!("this token may not use `{uri}`"),
+            ))
+        };
+        match self.session_of(uri) {
+            Some(s) if !self.principal.may_use_session(&s) => denied(uri),
+            Some(_) => Ok(()),
+            None if uri == ahp_types::ROOT_RESOURCE_URI => Ok(()),
+            None if self.principal.is_scoped() => denied(uri),
+            None => Ok(()),
         }
     }
 
-    /// Take one token from the dispatch bucket.
-    fn take_dispatch_token(&mut self) -> bool {
-        let limits = &self.shared.config.limits;
-        let now = std::time::Instant::now();
-        let (tokens, last) = self.bucket;
-        let refilled = (tokens
-            + now.duration_since(last).as_secs_f64() * limits.dispatches_per_sec)
-            .min(limits.dispatch_burst);
-        if refilled < 1.0 {
-            self.bucket = (refilled, now);
-            return false;
-        }
-        self.bucket = (refilled - 1.0, now);
-        true
+    /// Take one dispatch of `bytes` from the connection's and its subject's
+    /// budgets.
+    fn take_dispatch_token(&mut self, bytes: usize) -> bool {
+        self.budget.take(
+            &self.shared.principals,
+            &self.rate_key,
+            bytes,
+            &self.shared.config.limits,
+            std::time::Instant::now(),
+        )
     }
 
     fn register_provider(&mut self, p: RegisterProviderParams) -> Result<(), RpcError> {
@@ -614,6 +719,7 @@ impl Connection {
                 "`provider` must be 1 to 128 characters",
             ));
         }
+        check_provider_texts(&p, &self.shared.config.limits)?;
         let info = ahp_types::state::AgentInfo {
             provider: p.provider.clone(),
             display_name: p.display_name,
@@ -675,7 +781,9 @@ impl Connection {
         let handle =
             crate::providers::ChatHandle::new(chat, ch.uri.clone(), p.turn_id, String::new());
         let fut = async move { handle.interact(interaction).await };
+        self.open_interactions += 1;
         ctx.spawn(fut.into_actor(self).map(move |settlement, act, _| {
+            act.open_interactions -= 1;
             act.reply(&id, &serde_json::to_value(settlement).unwrap_or_default());
         }));
         Ok(())
@@ -775,17 +883,18 @@ impl Connection {
             }
             Ok(Some(v)) => v.to_owned(),
         };
-        if p.client_id.is_empty() {
-            return Err(RpcError::invalid_params("`clientId` must not be empty"));
-        }
+        self.check_client_id(&p.client_id)?;
         let uris = p.initial_subscriptions.unwrap_or_default();
         for uri in &uris {
+            self.permit(uri)?;
             if !self.shared.registry.contains(uri) {
                 return Err(Self::not_found(uri));
             }
         }
+        // Initialized only once the subscriptions are taken: a refused
+        // `initialize` leaves the connection as it was.
         self.client_id = Some(p.client_id);
-        self.subscribe_many(uris, None, ctx, move |act, snaps| {
+        let subscribed = self.subscribe_many(uris, None, ctx, move |act, snaps| {
             let raws: Vec<Box<RawValue>> = snaps
                 .into_iter()
                 .filter_map(|s| RawValue::from_string(s.0).ok())
@@ -802,7 +911,26 @@ impl Connection {
             };
             let json = serde_json::to_string(&out).unwrap_or_else(|_| "null".into());
             id.map(|id| ByteString::from(protocol::encode_raw_result(&id, &json)))
-        })
+        });
+        if subscribed.is_err() {
+            self.client_id = None;
+        }
+        subscribed
+    }
+
+    /// `-32602` unless `client_id` is a usable `clientId`.
+    fn check_client_id(&self, client_id: &str) -> Result<(), RpcError> {
+        let max = self.shared.config.limits.max_client_id_bytes;
+        if client_id.is_empty() {
+            return Err(RpcError::invalid_params("`clientId` must not be empty"));
+        }
+        if client_id.len() > max {
+            return Err(RpcError::invalid_params(format!(
+                "`clientId` is {} bytes, over the limit of {max}",
+                client_id.len()
+            )));
+        }
+        Ok(())
     }
 
     fn reconnect(
@@ -816,8 +944,13 @@ impl Connection {
                 "`reconnect` must be the first call on a new connection",
             ));
         }
-        if p.client_id.is_empty() {
-            return Err(RpcError::invalid_params("`clientId` must not be empty"));
+        self.check_client_id(&p.client_id)?;
+        let max = self.shared.config.limits.max_subscriptions_per_connection;
+        let wanted: HashSet<&str> = p.subscriptions.iter().map(String::as_str).collect();
+        if wanted.len() > max {
+            return Err(RpcError::invalid_request(format!(
+                "subscription limit reached: at most {max} channels per connection"
+            )));
         }
         self.client_id = Some(p.client_id);
         let mut present = Vec::new();

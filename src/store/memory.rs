@@ -185,6 +185,7 @@ mod tests {
             provider: "scripted".into(),
             title: "Chat".into(),
             created_at: "2026-01-01T00:00:00.000Z".into(),
+            owner: None,
         })
         .await
         .expect("create");

@@ -126,6 +126,9 @@ pub struct ChannelInfo {
     pub title: String,
     /// Creation time (RFC 3339).
     pub created_at: String,
+    /// For a session: the token subject that created it (per-subject session
+    /// limits hold across restarts).
+    pub owner: Option<String>,
 }
 
 /// One channel as stored.

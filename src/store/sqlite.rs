@@ -85,7 +85,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS channels (
     uri TEXT PRIMARY KEY, ord INTEGER NOT NULL, kind TEXT NOT NULL, session TEXT,
     provider TEXT NOT NULL, title TEXT NOT NULL, created_at TEXT NOT NULL,
-    len INTEGER NOT NULL DEFAULT 0
+    len INTEGER NOT NULL DEFAULT 0, owner TEXT
 );
 CREATE TABLE IF NOT EXISTS actions (
     channel TEXT NOT NULL, seq INTEGER NOT NULL, action TEXT NOT NULL,
@@ -97,6 +97,43 @@ CREATE TABLE IF NOT EXISTS turns (
     PRIMARY KEY (chat, idx)
 ) WITHOUT ROWID;
 ";
+
+/// Bring a store written by an earlier version up to the current schema.
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    let has_owner = conn
+        .prepare("SELECT 1 FROM pragma_table_info('channels') WHERE name = 'owner'")?
+        .exists([])?;
+    if !has_owner {
+        conn.execute_batch("ALTER TABLE channels ADD COLUMN owner TEXT;")?;
+    }
+    Ok(())
+}
+
+/// The data directory holds every conversation: only its owner may list or
+/// enter it (0700). An existing directory is left as the operator set it.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
+}
+
+/// Create the database file readable by its owner only (0600) before SQLite
+/// opens it; SQLite gives its `-wal` and `-shm` files the same mode.
+fn create_private_file(path: &Path) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path).map(drop)
+}
 
 fn open_conn(path: &Path, durability: Durability) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
@@ -118,18 +155,21 @@ impl SqliteJournal {
     /// the directory and the cause: not creatable, not writable, not a
     /// database.
     pub fn open(dir: &Path, durability: Durability) -> Result<Self, JournalError> {
-        std::fs::create_dir_all(dir).map_err(|e| {
+        create_private_dir(dir).map_err(|e| {
             unavailable(format!(
                 "cannot create the data directory {}: {e}",
                 dir.display()
             ))
         })?;
         let path = dir.join("tandem.db");
+        create_private_file(&path)
+            .map_err(|e| unavailable(format!("cannot create the store {}: {e}", path.display())))?;
         let describe = |e: rusqlite::Error| {
             unavailable(format!("cannot open the store {}: {e}", path.display()))
         };
         let writer = open_conn(&path, durability).map_err(describe)?;
         writer.execute_batch(SCHEMA).map_err(describe)?;
+        migrate(&writer).map_err(describe)?;
         let reader = open_conn(&path, durability).map_err(describe)?;
         reader
             .execute_batch("PRAGMA query_only = ON;")
@@ -245,7 +285,7 @@ impl Journal for SqliteJournal {
         let conn = self.reader.lock();
         let row = conn
             .query_row(
-                "SELECT kind, session, provider, title, created_at, len FROM channels WHERE uri = ?1",
+                "SELECT kind, session, provider, title, created_at, len, owner FROM channels WHERE uri = ?1",
                 [uri],
                 |r| {
                     Ok((
@@ -255,12 +295,13 @@ impl Journal for SqliteJournal {
                         r.get::<_, String>(3)?,
                         r.get::<_, String>(4)?,
                         r.get::<_, i64>(5)?,
+                        r.get::<_, Option<String>>(6)?,
                     ))
                 },
             )
             .optional()
             .map_err(unavailable)?;
-        let Some((kind, session, provider, title, created_at, len)) = row else {
+        let Some((kind, session, provider, title, created_at, len, owner)) = row else {
             return Ok(None);
         };
         let kind = ChannelKind::parse(&kind)
@@ -302,6 +343,7 @@ impl Journal for SqliteJournal {
                 provider,
                 title,
                 created_at,
+                owner,
             },
             snapshot,
             tail,
@@ -359,7 +401,7 @@ impl Journal for SqliteJournal {
         let mut channels = Vec::new();
         for_each_row(
             &conn,
-            "SELECT uri, kind, session, provider, title, created_at, len FROM channels ORDER BY ord",
+            "SELECT uri, kind, session, provider, title, created_at, len, owner FROM channels ORDER BY ord",
             |r| {
                 Ok((
                     r.get::<_, String>(0)?,
@@ -369,9 +411,10 @@ impl Journal for SqliteJournal {
                     r.get::<_, String>(4)?,
                     r.get::<_, String>(5)?,
                     r.get::<_, i64>(6)?,
+                    r.get::<_, Option<String>>(7)?,
                 ))
             },
-            |(uri, kind, session, provider, title, created_at, len)| {
+            |(uri, kind, session, provider, title, created_at, len, owner)| {
                 let Some(kind) = ChannelKind::parse(&kind) else {
                     return Err(unavailable(format!(
                         "channel {uri} has an unknown kind `{kind}`"
@@ -389,6 +432,7 @@ impl Journal for SqliteJournal {
                         provider,
                         title,
                         created_at,
+                        owner,
                     },
                 });
                 Ok(())
@@ -426,8 +470,8 @@ fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Op>, lens: Arc<DashMap<St
                 let r = match op {
                     Op::Create(info, _) => {
                         tx.execute(
-                            "INSERT OR REPLACE INTO channels (uri, ord, kind, session, provider, title, created_at, len) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0)",
-                            params![info.uri, next_ord, info.kind.as_str(), info.session, info.provider, info.title, info.created_at],
+                            "INSERT OR REPLACE INTO channels (uri, ord, kind, session, provider, title, created_at, len, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8)",
+                            params![info.uri, next_ord, info.kind.as_str(), info.session, info.provider, info.title, info.created_at, info.owner],
                         )?;
                         next_ord += 1;
                         pending.insert(info.uri.clone(), 0);
@@ -556,6 +600,7 @@ mod tests {
             provider: "scripted".into(),
             title: "Chat".into(),
             created_at: "2026-01-01T00:00:00.000Z".into(),
+            owner: None,
         }
     }
 

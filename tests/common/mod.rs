@@ -441,7 +441,11 @@ impl ServerProcess {
     pub fn spawn(data_dir: &std::path::Path, extra: &[&str]) -> Self {
         use std::io::BufRead;
         let log = std::fs::File::create(data_dir.with_extension("log")).expect("log file");
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+        // `TANDEM_TEST_BIN` runs the tests against another build (e.g. the
+        // release binary) of the same version.
+        let bin = std::env::var("TANDEM_TEST_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tandem").to_owned());
+        let mut child = std::process::Command::new(bin)
             .args(["serve", "--bind", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(extra)
