@@ -74,6 +74,17 @@ impl Principal {
             Role::Client => false,
         }
     }
+
+    /// May it register a provider id bound to the token subject `owner`?
+    /// Its owner may (a reconnect), and an admin may (an operator replacing a
+    /// broken agent); nobody else, or a provider id would pass to any agent
+    /// once its connection drops.
+    pub fn may_take_over_provider(&self, owner: &str) -> bool {
+        match self.role {
+            Role::Admin => true,
+            Role::Client | Role::Agent => self.subject == owner,
+        }
+    }
 }
 
 /// Why a token was refused.

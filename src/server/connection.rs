@@ -34,6 +34,7 @@ use crate::channels::session::{CreateChat, ListPending, RemoveChat};
 use crate::channels::{ClientDispatch, SnapshotJson, Subscribe};
 use crate::protocol::methods::{self as m, decode_params};
 use crate::protocol::{self, errors, Incoming, RpcError};
+use crate::providers::{Claim, RegisterError};
 use crate::publish::outbound::CloseCause;
 use crate::publish::{Outbound, Replay};
 
@@ -234,6 +235,17 @@ impl StreamHandler<Result<Received, ReadError>> for Connection {
     fn finished(&mut self, ctx: &mut Self::Context) {
         ctx.stop();
     }
+}
+
+/// A refused registration as a JSON-RPC error: someone else's id is a
+/// permission matter, a taken or built-in one a conflict.
+fn register_error(e: RegisterError) -> RpcError {
+    let code = match &e {
+        RegisterError::NotOwner(_) => errors::PERMISSION_DENIED,
+        RegisterError::BuiltIn(_) | RegisterError::Taken(_) => errors::ALREADY_EXISTS,
+        RegisterError::Store(..) => return RpcError::internal(e.to_string()),
+    };
+    RpcError::new(code, e.to_string())
 }
 
 /// `tandem/registerProvider` params.
@@ -512,8 +524,7 @@ impl Connection {
             }
             m::REGISTER_PROVIDER => {
                 let p: RegisterProviderParams = decode_params(&method, params).map_err(fail)?;
-                self.register_provider(p).map_err(fail)?;
-                self.reply(&id, &Value::Null);
+                self.register_provider(id, p, ctx).map_err(fail)?;
             }
             m::REQUEST_INTERACTION => {
                 let p: RequestInteractionParams = decode_params(&method, params).map_err(fail)?;
@@ -597,7 +608,15 @@ impl Connection {
         true
     }
 
-    fn register_provider(&mut self, p: RegisterProviderParams) -> Result<(), RpcError> {
+    /// `tandem/registerProvider`. A provider id is bound to the token subject
+    /// that first registers it; a new binding is stored before the provider
+    /// is registered, so a restart keeps it.
+    fn register_provider(
+        &mut self,
+        id: Option<Value>,
+        p: RegisterProviderParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
         if !self.principal.may_register_providers() {
             return Err(RpcError::new(
                 errors::PERMISSION_DENIED,
@@ -626,12 +645,52 @@ impl Connection {
                 multiple_working_directories: None,
             }),
         };
+        let claim = self
+            .shared
+            .providers
+            .claim(&p.provider, &self.principal)
+            .map_err(register_error)?;
+        match claim {
+            Claim::Owned => {
+                self.attach_provider(info)?;
+                self.reply(&id, &Value::Null);
+            }
+            Claim::New => {
+                let bind = self
+                    .shared
+                    .journal
+                    .bind_provider(&p.provider, &self.principal.subject);
+                ctx.wait(bind.into_actor(self).map(move |stored, act, _| {
+                    let done = act
+                        .shared
+                        .providers
+                        .bound(&p.provider, stored, &act.principal)
+                        .map_err(register_error)
+                        .and_then(|()| act.attach_provider(info));
+                    match done {
+                        Ok(()) => act.reply(&id, &Value::Null),
+                        Err(e) => act.reply_error(&id.unwrap_or_default(), e),
+                    }
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Serve the claimed provider `info` on this connection.
+    fn attach_provider(&mut self, info: ahp_types::state::AgentInfo) -> Result<(), RpcError> {
+        let provider = info.provider.clone();
         self.shared
             .providers
-            .register_remote(info, self.out.clone(), self.shared.config.provider_grace)
-            .map_err(|e| RpcError::new(errors::ALREADY_EXISTS, e.to_string()))?;
-        tracing::info!(provider = %p.provider, conn = self.out.id().0, "provider registered");
-        self.providers.insert(p.provider);
+            .register_remote(
+                info,
+                self.out.clone(),
+                self.principal.clone(),
+                self.shared.config.provider_grace,
+            )
+            .map_err(register_error)?;
+        tracing::info!(%provider, conn = self.out.id().0, subject = %self.principal.subject, "provider registered");
+        self.providers.insert(provider);
         self.root.do_send(crate::channels::root::AgentsChanged);
         Ok(())
     }
@@ -644,6 +703,7 @@ impl Connection {
         p: RequestInteractionParams,
         ctx: &mut Context<Self>,
     ) -> Result<(), RpcError> {
+        self.permit(&p.channel)?;
         let ch =
             self.shared.registry.get(&p.channel).ok_or_else(|| {
                 RpcError::new(errors::NOT_FOUND, format!("no chat `{}`", p.channel))

@@ -1,0 +1,244 @@
+//! What an agent may not do: take over another subject's provider id (also
+//! after a restart), or receive turns of sessions its token may not use.
+
+mod common;
+
+use std::sync::Arc;
+
+use ahp::ClientError;
+use ahp_types::state::TurnState;
+use common::provider::{session_at, session_with, Provider};
+use common::*;
+use serde_json::{json, Value};
+use tandem::auth::{now_secs, Authenticator, Claims, Role};
+use tandem::store::MemoryJournal;
+use tandem::Config;
+
+const SECRET: &[u8] = b"agents-test-secret-0123456789ab";
+
+/// Lifetime of the tokens minted here.
+const TOKEN_TTL_SECS: u64 = 600;
+
+fn token(sub: &str, role: Role, sessions: Option<Vec<&str>>) -> String {
+    Authenticator::new(SECRET)
+        .expect("key")
+        .mint(&Claims {
+            sub: sub.into(),
+            role,
+            exp: now_secs() + TOKEN_TTL_SECS,
+            sessions: sessions.map(|s| s.into_iter().map(String::from).collect()),
+        })
+        .expect("mint")
+}
+
+fn secured_config() -> Config {
+    Config {
+        auth_secret: Some(SECRET.to_vec()),
+        ..Config::default()
+    }
+}
+
+fn with_token(server_url: &str, token: &str) -> String {
+    format!("{server_url}?token={token}")
+}
+
+/// The JSON-RPC error of a request that must fail.
+fn rpc_error(r: Result<Value, ClientError>) -> ahp_types::messages::JsonRpcError {
+    match r {
+        Err(ClientError::Rpc(e)) => e,
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_id_stays_with_the_subject_that_first_registered_it() {
+    let server = TestServer::start_with(secured_config()).await;
+    let agent_a = |n: u32| {
+        let url = with_token(&server.url(), &token("agent-a", Role::Agent, None));
+        async move { Provider::open(&url, &format!("agent-a-{n}")).await }
+    };
+    let mut a = agent_a(1).await;
+    a.register("helper")
+        .await
+        .expect("the first registration binds the id");
+    let mut u = TestClient::connect(
+        &with_token(&server.url(), &token("user", Role::Client, None)),
+        "user",
+    )
+    .await;
+    let (_s, chat) = session_with(&u, "helper").await;
+    let mut m = u.subscribe_chat(&chat).await;
+    let turn = u.start_turn(&chat, "my password is hunter2").await;
+    assert_eq!(a.next_turn().await.1, turn);
+    a.client.shutdown().await;
+    drop(a);
+    // Only the user is left: the provider's connection is gone and its turn
+    // waits for it to come back.
+    wait_connections(server.addr, 1).await;
+
+    // Another agent, scoped to an unrelated session, cannot take the id over.
+    let b = Provider::open(
+        &with_token(
+            &server.url(),
+            &token("agent-b", Role::Agent, Some(vec!["ahp-session:/unrelated"])),
+        ),
+        "agent-b",
+    )
+    .await;
+    let e = rpc_error(b.register("helper").await);
+    assert_eq!(e.code, -32009, "{e:?}");
+    assert!(e.message.contains("first registered"), "{e:?}");
+
+    // Its owner can, on a new connection, and gets the waiting turn.
+    let mut a = agent_a(2).await;
+    a.register("helper").await.expect("the owner re-registers");
+    let (tchat, tturn, text) = a.next_turn().await;
+    assert_eq!(
+        (tchat.as_str(), tturn.as_str(), text.as_str()),
+        (chat.as_str(), turn.as_str(), "my password is hunter2")
+    );
+    a.finish(&chat, &turn, "done").await;
+    u.wait_state(&mut m, |s| s.turns.iter().any(|t| t.id == turn))
+        .await;
+    a.client.shutdown().await;
+    drop(a);
+    wait_connections(server.addr, 2).await;
+
+    // So can an admin (an operator replacing a broken agent).
+    let mut admin = Provider::open(
+        &with_token(&server.url(), &token("ops", Role::Admin, None)),
+        "ops",
+    )
+    .await;
+    admin.register("helper").await.expect("an admin may");
+    let turn = u.start_turn(&chat, "again").await;
+    assert_eq!(admin.next_turn().await.1, turn);
+    server.stop().await;
+}
+
+/// Register `keeper` as `agent-a`, restart on the same store, and check that
+/// another subject still cannot have it while its owner can.
+async fn the_binding_survives_a_restart(config: Config, memory: Option<Arc<MemoryJournal>>) {
+    let start = || {
+        let (config, memory) = (config.clone(), memory.clone());
+        async move {
+            match memory {
+                Some(j) => TestServer::start_with_journal(config, j).await,
+                None => TestServer::start_with(config).await,
+            }
+        }
+    };
+    let server = start().await;
+    let owner = token("agent-a", Role::Agent, None);
+    let a = Provider::open(&with_token(&server.url(), &owner), "agent-a").await;
+    a.register("keeper").await.expect("binds");
+    let user = token("user", Role::Client, None);
+    let u = TestClient::connect(&with_token(&server.url(), &user), "user").await;
+    let (_s, chat) = session_with(&u, "keeper").await;
+    a.client.shutdown().await;
+    u.client.shutdown().await;
+    server.stop().await;
+
+    let server = start().await;
+    let b = Provider::open(
+        &with_token(&server.url(), &token("agent-b", Role::Agent, None)),
+        "agent-b",
+    )
+    .await;
+    let e = rpc_error(b.register("keeper").await);
+    assert_eq!(
+        e.code, -32009,
+        "the first to register after a restart: {e:?}"
+    );
+    let mut a = Provider::open(&with_token(&server.url(), &owner), "agent-a").await;
+    a.register("keeper")
+        .await
+        .expect("the owner registers again");
+    let u = TestClient::connect(&with_token(&server.url(), &user), "user").await;
+    let turn = u.start_turn(&chat, "after the restart").await;
+    assert_eq!(a.next_turn().await.1, turn);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_binding_survives_a_restart_on_sqlite() {
+    let dir = temp_dir("owners");
+    let config = Config {
+        data_dir: Some(dir.join("data")),
+        ..secured_config()
+    };
+    the_binding_survives_a_restart(config, None).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_binding_survives_a_restart_on_the_memory_store() {
+    let journal = Arc::new(MemoryJournal::new());
+    the_binding_survives_a_restart(secured_config(), Some(journal)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_agent_gets_no_turns_and_asks_nothing_outside_its_sessions() {
+    let server = TestServer::start_with(secured_config()).await;
+    let mine = format!("ahp-session:/{}", uuid::Uuid::new_v4());
+    let mut a = Provider::open(
+        &with_token(
+            &server.url(),
+            &token("agent-a", Role::Agent, Some(vec![&mine])),
+        ),
+        "agent-a",
+    )
+    .await;
+    a.register("scoped").await.expect("registers");
+    let mut u = TestClient::connect(
+        &with_token(&server.url(), &token("user", Role::Client, None)),
+        "user",
+    )
+    .await;
+    session_at(&u, &mine, "scoped").await;
+    let my_chat = u
+        .subscribe_session(&mine)
+        .await
+        .default_chat
+        .expect("default chat");
+    let (other, other_chat) = session_with(&u, "scoped").await;
+    let mut m = u.subscribe_chat(&other_chat).await;
+
+    let foreign = u.start_turn(&other_chat, "the other team's secret").await;
+    u.wait_state(&mut m, |s| s.active_turn.is_some() || !s.turns.is_empty())
+        .await;
+    let own = u.start_turn(&my_chat, "hello").await;
+    let (tchat, tturn, _) = a.next_turn().await;
+    assert_eq!(
+        (tchat.as_str(), tturn.as_str()),
+        (my_chat.as_str(), own.as_str()),
+        "the first turn it receives is its own session's"
+    );
+    // The foreign turn ended at once, saying why.
+    u.wait_state(&mut m, |s| s.active_turn.is_none() && !s.turns.is_empty())
+        .await;
+    let last = m.state.turns.last().expect("turn");
+    assert_eq!(
+        (last.id.as_str(), last.state),
+        (foreign.as_str(), TurnState::Error)
+    );
+    let why = serde_json::to_string(&last.response_parts).expect("json");
+    assert!(
+        why.contains("ProviderNotPermitted")
+            && why.contains("may not serve session")
+            && why.contains(&other),
+        "{why}"
+    );
+    // Nor can it open an interaction there.
+    let e = rpc_error(
+        a.client
+            .request(
+                "tandem/requestInteraction",
+                json!({"channel": other_chat, "turnId": foreign, "interaction": {"kind": "url", "message": "log in", "url": "https://example.com"}}),
+            )
+            .await,
+    );
+    assert_eq!(e.code, -32009, "{e:?}");
+    a.finish(&my_chat, &own, "hi").await;
+    server.stop().await;
+}
