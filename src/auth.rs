@@ -9,6 +9,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use ahp_types::actions::StateAction;
+use ahp_types::state::PendingMessageKind;
 use jsonwebtoken::{decode, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +86,42 @@ impl Principal {
             Role::Admin => true,
             Role::Client | Role::Agent => self.subject == owner,
         }
+    }
+}
+
+/// Is `action` a person's act — a decision or an answer that only a person
+/// may give? Only client connections may send these: a connection that
+/// serves a provider, or whose token has the `agent` role, is refused
+/// whatever its role, on every chat. Otherwise an agent could approve its own
+/// tool call (and grant it for the session), answer its own questions, or
+/// switch its session to `always-allow`.
+///
+/// | action | why it is a person's |
+/// |---|---|
+/// | `chat/toolCallConfirmed` | approves or denies a tool call; `approve-session` grants the tool |
+/// | `chat/toolCallResultConfirmed` | accepts a tool's result |
+/// | `chat/inputAnswerChanged` | an answer to a question, draft or submitted |
+/// | `chat/inputCompleted` | accepts, declines or cancels an input request |
+/// | `chat/draftChanged` | the person's message being typed |
+/// | `chat/pendingMessageSet` (kind `steering`) | settles an open request `clarified` |
+/// | `session/configChanged` | holds the session's approval policy (`approvalMode`) |
+///
+/// Agents keep the rest of the client-dispatchable list: `chat/turnStarted`,
+/// `chat/turnCancelled`, `chat/truncated`, queued messages
+/// (`chat/pendingMessageSet` of kind `queued`, `chat/pendingMessageRemoved`,
+/// `chat/queuedMessagesReordered`), client tools (`chat/toolCallComplete`,
+/// `chat/toolCallContentChanged`), and the session's title, read, archived
+/// and active-client actions.
+pub fn is_persons_act(action: &StateAction) -> bool {
+    match action {
+        StateAction::ChatToolCallConfirmed(_)
+        | StateAction::ChatToolCallResultConfirmed(_)
+        | StateAction::ChatInputAnswerChanged(_)
+        | StateAction::ChatInputCompleted(_)
+        | StateAction::ChatDraftChanged(_)
+        | StateAction::SessionConfigChanged(_) => true,
+        StateAction::ChatPendingMessageSet(a) => a.kind == PendingMessageKind::Steering,
+        _ => false,
     }
 }
 

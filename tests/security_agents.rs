@@ -1,12 +1,14 @@
 //! What an agent may not do: take over another subject's provider id (also
-//! after a restart), or receive turns of sessions its token may not use.
+//! after a restart), receive turns of sessions its token may not use, or
+//! make a person's decisions (approve its own tool call, answer its own
+//! questions, switch its session to `always-allow`).
 
 mod common;
 
 use std::sync::Arc;
 
 use ahp::ClientError;
-use ahp_types::state::TurnState;
+use ahp_types::state::{ResponsePart, ToolCallState, TurnState};
 use common::provider::{session_at, session_with, Provider};
 use common::*;
 use serde_json::{json, Value};
@@ -241,4 +243,178 @@ async fn a_scoped_agent_gets_no_turns_and_asks_nothing_outside_its_sessions() {
     assert_eq!(e.code, -32009, "{e:?}");
     a.finish(&my_chat, &own, "hi").await;
     server.stop().await;
+}
+
+/// The pending tool call `id` in `state`'s active turn, if it waits for a person.
+fn pending_tool(state: &ahp_types::state::ChatState, id: &str) -> bool {
+    state.active_turn.as_ref().is_some_and(|t| {
+        t.response_parts.iter().any(|p| {
+            matches!(p, ResponsePart::ToolCall(tc)
+                if matches!(&tc.tool_call, ToolCallState::PendingConfirmation(c) if c.tool_call_id == id))
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cannot_approve_its_own_tool_call_or_relax_its_session() {
+    let server = TestServer::start().await;
+    let mut agent = Provider::connect(&server.url(), "self-approver").await;
+    let mut u = server.client("user").await;
+    let (session, chat) = session_with(&u, "self-approver").await;
+    let mut m = u.subscribe_chat(&chat).await;
+    u.start_turn(&chat, "deploy please").await;
+    let (_, turn, _) = agent.next_turn().await;
+    let approval = {
+        let (client, chat, turn) = (agent.client.clone(), chat.clone(), turn.clone());
+        tokio::spawn(async move {
+            client
+                .request::<_, Value>(
+                    "tandem/requestInteraction",
+                    json!({"channel": chat, "turnId": turn, "interaction": {"kind": "toolApproval", "toolCallId": "deploy-1", "toolName": "deploy", "input": "{}"}}),
+                )
+                .await
+        })
+    };
+    u.wait_state(&mut m, |s| pending_tool(s, "deploy-1")).await;
+
+    // The provider connection approves its own call for the whole session,
+    // then tries to make every later call pass.
+    let attempts = [
+        (
+            chat.clone(),
+            json!({"type": "chat/toolCallConfirmed", "turnId": turn, "toolCallId": "deploy-1", "approved": true, "selectedOptionId": "approve-session"}),
+        ),
+        (
+            session.clone(),
+            json!({"type": "session/configChanged", "config": {"approvalMode": "always-allow"}}),
+        ),
+        (
+            chat.clone(),
+            json!({"type": "chat/draftChanged", "draft": {"text": "typed by the agent", "origin": {"kind": "user"}}}),
+        ),
+    ];
+    for (channel, a) in attempts {
+        let seq = agent.act(&channel, a.clone()).await;
+        let echo = agent.wait_echo(seq).await;
+        assert!(
+            echo.rejection_reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("PermissionDenied")
+                    && r.contains("person's act")
+                    && r.contains("serves a provider")),
+            "{a}: {:?}",
+            echo.rejection_reason
+        );
+    }
+    assert!(pending_tool(&fresh_chat(&server, &chat).await, "deploy-1"));
+
+    // The person decides.
+    let seq = u
+        .dispatch(
+            &chat,
+            action(
+                json!({"type": "chat/toolCallConfirmed", "turnId": turn, "toolCallId": "deploy-1", "approved": false, "selectedOptionId": "deny"}),
+            ),
+        )
+        .await;
+    let echo = u.wait_echo(Some(&mut m), seq).await;
+    assert!(
+        echo.rejection_reason.is_none(),
+        "{:?}",
+        echo.rejection_reason
+    );
+    let settled = tokio::time::timeout(WAIT, approval)
+        .await
+        .expect("settles")
+        .expect("task")
+        .expect("reply");
+    assert_eq!(settled["outcome"], "denied");
+    let state = u.subscribe_session(&session).await;
+    let meta = state.meta.unwrap_or_default();
+    assert!(
+        meta.get("tandem/toolGrants")
+            .is_none_or(|g| g.as_array().is_some_and(Vec::is_empty)),
+        "no grant: {meta:?}"
+    );
+    assert_eq!(
+        meta.get("tandem/effectiveApprovalMode"),
+        Some(&json!("ask")),
+        "{meta:?}"
+    );
+    agent.finish(&chat, &turn, "not deployed").await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_token_cannot_answer_a_persons_question_on_any_chat() {
+    let server = TestServer::start_with(secured_config()).await;
+    let mut u = TestClient::connect(
+        &with_token(&server.url(), &token("user", Role::Client, None)),
+        "user",
+    )
+    .await;
+    let (_s, chat) = u.create_session().await;
+    let mut m = u.subscribe_chat(&chat).await;
+    u.start_turn(
+        &chat,
+        r#"/ask {"questions":[{"kind":"text","id":"q","message":"password?"}]}"#,
+    )
+    .await;
+    u.wait_state(&mut m, |s| open_request_id(s).is_some()).await;
+    let rid = open_request_id(&m.state).expect("open");
+
+    // An agent token that serves no provider at all.
+    let mut agent = Provider::open(
+        &with_token(&server.url(), &token("agent-x", Role::Agent, None)),
+        "agent-x",
+    )
+    .await;
+    let answer = json!({"state": "submitted", "value": {"kind": "text", "value": "guess"}});
+    for a in [
+        json!({"type": "chat/inputAnswerChanged", "requestId": rid, "questionId": "q", "answer": answer}),
+        json!({"type": "chat/inputCompleted", "requestId": rid, "response": "accept", "answers": {"q": answer}}),
+    ] {
+        let seq = agent.act(&chat, a.clone()).await;
+        let echo = agent.wait_echo(seq).await;
+        assert!(
+            echo.rejection_reason
+                .as_deref()
+                .is_some_and(|r| r.contains("person's act") && r.contains("`agent` role")),
+            "{a}: {:?}",
+            echo.rejection_reason
+        );
+    }
+    assert_eq!(
+        open_request_id(&fresh_chat_with(&server, &chat).await).as_deref(),
+        Some(rid.as_str()),
+        "still open"
+    );
+    // The person answers.
+    let seq = u.dispatch(&chat, action(json!({"type": "chat/inputCompleted", "requestId": rid, "response": "accept", "answers": {"q": {"state": "submitted", "value": {"kind": "text", "value": "mine"}}}}))).await;
+    let echo = u.wait_echo(Some(&mut m), seq).await;
+    assert!(
+        echo.rejection_reason.is_none(),
+        "{:?}",
+        echo.rejection_reason
+    );
+    u.wait_state(&mut m, |s| s.active_turn.is_none() && !s.turns.is_empty())
+        .await;
+    let md = last_turn_markdown(&m.state).join("\n");
+    assert!(
+        md.starts_with("settled: answered") && md.contains("mine"),
+        "{md}"
+    );
+    server.stop().await;
+}
+
+/// A fresh snapshot of `chat` on a secured server (an admin token).
+async fn fresh_chat_with(server: &TestServer, chat: &str) -> ahp_types::state::ChatState {
+    let c = TestClient::connect(
+        &with_token(&server.url(), &token("checker", Role::Admin, None)),
+        "checker",
+    )
+    .await;
+    let m = c.subscribe_chat(chat).await;
+    c.client.shutdown().await;
+    m.state
 }

@@ -381,11 +381,14 @@ impl Connection {
                 };
                 let refused = match self.permit(&p.channel) {
                     Err(e) => Some(format!("PermissionDenied: {}", e.message)),
-                    Ok(()) if !self.take_dispatch_token() => Some(format!(
-                        "rate limited: more than {} dispatches per second on this connection",
-                        self.shared.config.limits.dispatches_per_sec
-                    )),
-                    Ok(()) => None,
+                    Ok(()) => self.persons_act_refusal(&p.action).or_else(|| {
+                        (!self.take_dispatch_token()).then(|| {
+                            format!(
+                                "rate limited: more than {} dispatches per second on this connection",
+                                self.shared.config.limits.dispatches_per_sec
+                            )
+                        })
+                    }),
                 };
                 if let Some(reason) = refused {
                     let json = serde_json::to_string(&p.action).unwrap_or_else(|_| "null".into());
@@ -579,6 +582,27 @@ impl Connection {
             None if uri.starts_with("ahp-session:") => Some(uri.into()),
             None => None,
         }
+    }
+
+    /// The rejection reason when `action` is a person's act
+    /// ([`crate::auth::is_persons_act`]) and this connection speaks for an
+    /// agent: it serves a provider, or its token has the `agent` role.
+    fn persons_act_refusal(&self, action: &ahp_types::actions::StateAction) -> Option<String> {
+        if !crate::auth::is_persons_act(action) {
+            return None;
+        }
+        let why = if !self.providers.is_empty() {
+            "this connection serves a provider"
+        } else {
+            match self.principal.role {
+                crate::auth::Role::Agent => "this connection's token has the `agent` role",
+                crate::auth::Role::Client | crate::auth::Role::Admin => return None,
+            }
+        };
+        Some(format!(
+            "PermissionDenied: `{}` is a person's act: only client connections may send it, and {why}",
+            crate::channels::validate::action_type(action)
+        ))
     }
 
     /// `-32009` unless this connection may use the channel's session.
