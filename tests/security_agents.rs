@@ -1,7 +1,8 @@
 //! What an agent may not do: take over another subject's provider id (also
 //! after a restart), receive turns of sessions its token may not use, or
 //! make a person's decisions (approve its own tool call, answer its own
-//! questions, switch its session to `always-allow`).
+//! questions, switch its session to `always-allow`). And a provider asking
+//! more questions than the limit gets `-32602`, as the README says.
 
 mod common;
 
@@ -14,7 +15,7 @@ use common::*;
 use serde_json::{json, Value};
 use tandem::auth::{now_secs, Authenticator, Claims, Role};
 use tandem::store::MemoryJournal;
-use tandem::Config;
+use tandem::{Config, Limits};
 
 const SECRET: &[u8] = b"agents-test-secret-0123456789ab";
 
@@ -417,4 +418,46 @@ async fn fresh_chat_with(server: &TestServer, chat: &str) -> ahp_types::state::C
     let m = c.subscribe_chat(chat).await;
     c.client.shutdown().await;
     m.state
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_questions_from_a_provider_are_a_params_error_naming_the_limit() {
+    let server = TestServer::start_with(Config {
+        limits: Limits {
+            max_questions_per_request: 2,
+            ..Limits::default()
+        },
+        ..Config::default()
+    })
+    .await;
+    let mut agent = Provider::connect(&server.url(), "asker").await;
+    let u = server.client("user").await;
+    let (_s, chat) = session_with(&u, "asker").await;
+    u.start_turn(&chat, "ask me").await;
+    let (_, turn, _) = agent.next_turn().await;
+    let q = |id: &str| json!({"kind": "text", "id": id, "message": "?"});
+    let three_props = json!({"type": "object", "properties": {
+        "a": {"type": "string"}, "b": {"type": "string"}, "c": {"type": "string"}
+    }});
+    for interaction in [
+        json!({"kind": "input", "request": {"id": "r1", "questions": [q("a"), q("b"), q("c")]}}),
+        json!({"kind": "form", "message": "three", "schema": three_props}),
+    ] {
+        let e = rpc_error(
+            agent
+                .client
+                .request(
+                    "tandem/requestInteraction",
+                    json!({"channel": chat, "turnId": turn, "interaction": interaction}),
+                )
+                .await,
+        );
+        assert_eq!(e.code, -32602, "{e:?}");
+        assert!(
+            e.message.contains("the limit is 2") && e.message.contains("max_questions_per_request"),
+            "{e:?}"
+        );
+    }
+    agent.finish(&chat, &turn, "fine").await;
+    server.stop().await;
 }

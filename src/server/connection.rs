@@ -751,10 +751,25 @@ impl Connection {
         let interaction: crate::interactions::Interaction =
             serde_json::from_value(p.interaction)
                 .map_err(|e| RpcError::invalid_params(format!("invalid `interaction`: {e}")))?;
-        if let crate::interactions::Interaction::Form { schema, .. } = &interaction {
-            crate::interactions::form::questions(schema).map_err(|e| {
-                RpcError::invalid_params(format!("the form schema is not supported: {e}"))
-            })?;
+        let asked = match &interaction {
+            crate::interactions::Interaction::Form { schema, .. } => {
+                crate::interactions::form::questions(schema)
+                    .map_err(|e| {
+                        RpcError::invalid_params(format!("the form schema is not supported: {e}"))
+                    })?
+                    .len()
+            }
+            crate::interactions::Interaction::Input { request, .. } => {
+                request.questions.as_ref().map_or(0, Vec::len)
+            }
+            crate::interactions::Interaction::Url { .. }
+            | crate::interactions::Interaction::ToolApproval { .. } => 0,
+        };
+        let max = self.shared.config.limits.max_questions_per_request;
+        if asked > max {
+            return Err(RpcError::invalid_params(format!(
+                "{asked} questions in one request; the limit is {max} (`max_questions_per_request`)"
+            )));
         }
         let handle =
             crate::providers::ChatHandle::new(chat, ch.uri.clone(), p.turn_id, String::new());
