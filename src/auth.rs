@@ -233,6 +233,41 @@ mod tests {
     }
 
     #[test]
+    fn a_provider_id_passes_only_to_its_owner_or_an_admin() {
+        let who = |subject: &str, role| Principal {
+            subject: subject.into(),
+            role,
+            sessions: None,
+        };
+        assert!(who("alice", Role::Agent).may_take_over_provider("alice"));
+        assert!(!who("mallory", Role::Agent).may_take_over_provider("alice"));
+        assert!(!who("mallory", Role::Client).may_take_over_provider("alice"));
+        assert!(who("ops", Role::Admin).may_take_over_provider("alice"));
+    }
+
+    #[test]
+    fn steering_is_a_persons_act_and_queueing_is_not() {
+        let act =
+            |v: serde_json::Value| -> StateAction { serde_json::from_value(v).expect("action") };
+        let message = serde_json::json!({"text": "x", "origin": {"kind": "user"}});
+        let steering = act(
+            serde_json::json!({"type": "chat/pendingMessageSet", "kind": "steering", "id": "s", "message": message}),
+        );
+        let queued = act(
+            serde_json::json!({"type": "chat/pendingMessageSet", "kind": "queued", "id": "q", "message": message}),
+        );
+        let confirm = act(
+            serde_json::json!({"type": "chat/toolCallConfirmed", "turnId": "t", "toolCallId": "c", "approved": true}),
+        );
+        let cancel =
+            act(serde_json::json!({"type": "chat/turnCancelled", "turnId": "t", "duration": 1}));
+        assert!(is_persons_act(&steering));
+        assert!(!is_persons_act(&queued));
+        assert!(is_persons_act(&confirm));
+        assert!(!is_persons_act(&cancel));
+    }
+
+    #[test]
     fn expired_forged_and_garbage_tokens_are_refused() {
         let a = Authenticator::new(b"a-test-secret-of-32-bytes-length").expect("key");
         let old = a
