@@ -9,6 +9,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use ahp_types::actions::StateAction;
+use ahp_types::state::PendingMessageKind;
 use jsonwebtoken::{decode, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +81,53 @@ impl Principal {
             Role::Agent | Role::Admin => true,
             Role::Client => false,
         }
+    }
+
+    /// May it register a provider id bound to the token subject `owner`?
+    /// Its owner may (a reconnect), and an admin may (an operator replacing a
+    /// broken agent); nobody else, or a provider id would pass to any agent
+    /// once its connection drops.
+    pub fn may_take_over_provider(&self, owner: &str) -> bool {
+        match self.role {
+            Role::Admin => true,
+            Role::Client | Role::Agent => self.subject == owner,
+        }
+    }
+}
+
+/// Is `action` a person's act — a decision or an answer that only a person
+/// may give? Only client connections may send these: a connection that
+/// serves a provider, or whose token has the `agent` role, is refused
+/// whatever its role, on every chat. Otherwise an agent could approve its own
+/// tool call (and grant it for the session), answer its own questions, or
+/// switch its session to `always-allow`.
+///
+/// | action | why it is a person's |
+/// |---|---|
+/// | `chat/toolCallConfirmed` | approves or denies a tool call; `approve-session` grants the tool |
+/// | `chat/toolCallResultConfirmed` | accepts a tool's result |
+/// | `chat/inputAnswerChanged` | an answer to a question, draft or submitted |
+/// | `chat/inputCompleted` | accepts, declines or cancels an input request |
+/// | `chat/draftChanged` | the person's message being typed |
+/// | `chat/pendingMessageSet` (kind `steering`) | settles an open request `clarified` |
+/// | `session/configChanged` | holds the session's approval policy (`approvalMode`) |
+///
+/// Agents keep the rest of the client-dispatchable list: `chat/turnStarted`,
+/// `chat/turnCancelled`, `chat/truncated`, queued messages
+/// (`chat/pendingMessageSet` of kind `queued`, `chat/pendingMessageRemoved`,
+/// `chat/queuedMessagesReordered`), client tools (`chat/toolCallComplete`,
+/// `chat/toolCallContentChanged`), and the session's title, read, archived
+/// and active-client actions.
+pub fn is_persons_act(action: &StateAction) -> bool {
+    match action {
+        StateAction::ChatToolCallConfirmed(_)
+        | StateAction::ChatToolCallResultConfirmed(_)
+        | StateAction::ChatInputAnswerChanged(_)
+        | StateAction::ChatInputCompleted(_)
+        | StateAction::ChatDraftChanged(_)
+        | StateAction::SessionConfigChanged(_) => true,
+        StateAction::ChatPendingMessageSet(a) => a.kind == PendingMessageKind::Steering,
+        _ => false,
     }
 }
 
@@ -187,6 +236,41 @@ mod tests {
             admin.may_use_session("ahp-session:/y"),
             "admin sees everything"
         );
+    }
+
+    #[test]
+    fn a_provider_id_passes_only_to_its_owner_or_an_admin() {
+        let who = |subject: &str, role| Principal {
+            subject: subject.into(),
+            role,
+            sessions: None,
+        };
+        assert!(who("alice", Role::Agent).may_take_over_provider("alice"));
+        assert!(!who("mallory", Role::Agent).may_take_over_provider("alice"));
+        assert!(!who("mallory", Role::Client).may_take_over_provider("alice"));
+        assert!(who("ops", Role::Admin).may_take_over_provider("alice"));
+    }
+
+    #[test]
+    fn steering_is_a_persons_act_and_queueing_is_not() {
+        let act =
+            |v: serde_json::Value| -> StateAction { serde_json::from_value(v).expect("action") };
+        let message = serde_json::json!({"text": "x", "origin": {"kind": "user"}});
+        let steering = act(
+            serde_json::json!({"type": "chat/pendingMessageSet", "kind": "steering", "id": "s", "message": message}),
+        );
+        let queued = act(
+            serde_json::json!({"type": "chat/pendingMessageSet", "kind": "queued", "id": "q", "message": message}),
+        );
+        let confirm = act(
+            serde_json::json!({"type": "chat/toolCallConfirmed", "turnId": "t", "toolCallId": "c", "approved": true}),
+        );
+        let cancel =
+            act(serde_json::json!({"type": "chat/turnCancelled", "turnId": "t", "duration": 1}));
+        assert!(is_persons_act(&steering));
+        assert!(!is_persons_act(&queued));
+        assert!(is_persons_act(&confirm));
+        assert!(!is_persons_act(&cancel));
     }
 
     #[test]

@@ -12,7 +12,8 @@ use ahp_types::state::SessionInputRequest;
 use common::*;
 use serde_json::json;
 use tandem::store::{
-    Batch, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered, RecoveredChannel,
+    Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered,
+    RecoveredChannel,
 };
 use tokio::sync::Notify;
 
@@ -65,6 +66,9 @@ impl Journal for GatedJournal {
     }
     fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
         self.inner.load_channel(uri)
+    }
+    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
+        self.inner.bind_provider(provider, subject)
     }
 }
 
@@ -227,6 +231,9 @@ impl Journal for FailingJournal {
     }
     fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
         self.inner.load_channel(uri)
+    }
+    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
+        self.inner.bind_provider(provider, subject)
     }
 }
 

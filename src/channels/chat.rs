@@ -917,6 +917,15 @@ impl ChatActor {
                 Rejection::new(validate::malformed_reason(raw)),
             );
         }
+        // A person's decision is never an agent's to make, in process or over
+        // a provider connection (which the connection refuses first).
+        if crate::auth::is_persons_act(&action) {
+            let r = Rejection::new(format!(
+                "`{}` is a person's act: an agent may not send it",
+                validate::action_type(&action)
+            ));
+            return refuse(self, &origin, done, &action, r);
+        }
         // Default safety: an agent may not confirm a tool that changes data on
         // its own; only read-only tools, the session's mode or a grant can.
         if let StateAction::ChatToolCallReady(r) = &action {

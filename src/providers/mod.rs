@@ -12,6 +12,7 @@ use ahp_types::state::{AgentInfo, Message};
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
+use crate::auth::Principal;
 use crate::channels::chat::{AgentAction, ChatActor, Interact};
 use crate::channels::Rejection;
 use crate::interactions::{Interaction, Outcome, Settlement};
@@ -45,6 +46,11 @@ pub struct Providers {
     agents: DashMap<String, Arc<dyn Agent>>,
     /// The agents served over connections (also in `agents`).
     remotes: DashMap<String, Arc<remote::RemoteAgent>>,
+    /// Provider id → the token subject that first registered it. A provider
+    /// receives its sessions' prompts and asks people for passwords, so its
+    /// id must not pass to whoever registers it next; the binding is
+    /// persisted (`Journal::bind_provider`) so a restart keeps it too.
+    owners: DashMap<String, String>,
 }
 
 /// Why a provider registration was refused.
@@ -56,15 +62,79 @@ pub enum RegisterError {
     /// Another live connection serves it.
     #[error("provider `{0}` is already served by another connection")]
     Taken(String),
+    /// The id is bound to another token subject.
+    #[error("provider `{0}` belongs to the token subject that first registered it: only that subject or an `admin` token may register it")]
+    NotOwner(String),
+    /// The binding could not be stored.
+    #[error("the owner of provider `{0}` could not be stored: {1}")]
+    Store(String, crate::store::JournalError),
+}
+
+/// What [`Providers::claim`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The id is bound to the claimant (or the claimant is an admin):
+    /// register at once.
+    Owned,
+    /// The id was free and is now bound to the claimant in memory: store the
+    /// binding with `Journal::bind_provider`, hand the answer to
+    /// [`Providers::bound`], then register.
+    New,
 }
 
 impl Providers {
-    /// Register a provider served over `conn`, or hand an existing one whose
-    /// connection is gone to `conn` (re-registration after a reconnect).
+    /// Bindings read from the store at start-up.
+    pub fn restore_owners(&self, owners: impl IntoIterator<Item = (String, String)>) {
+        for (provider, subject) in owners {
+            self.owners.insert(provider, subject);
+        }
+    }
+
+    /// May `principal` register `provider`? A free id is bound to it at once,
+    /// so a concurrent claim by another subject is refused.
+    pub fn claim(&self, provider: &str, principal: &Principal) -> Result<Claim, RegisterError> {
+        if self.agents.contains_key(provider) && !self.remotes.contains_key(provider) {
+            return Err(RegisterError::BuiltIn(provider.to_owned()));
+        }
+        match self.owners.entry(provider.to_owned()) {
+            dashmap::Entry::Occupied(o) if principal.may_take_over_provider(o.get()) => {
+                Ok(Claim::Owned)
+            }
+            dashmap::Entry::Occupied(_) => Err(RegisterError::NotOwner(provider.to_owned())),
+            dashmap::Entry::Vacant(v) => {
+                v.insert(principal.subject.clone());
+                Ok(Claim::New)
+            }
+        }
+    }
+
+    /// The store answered a [`Claim::New`] with the id's owner (another
+    /// writer may have bound it first). A store failure keeps the in-memory
+    /// binding: refusing everyone else is the safe side.
+    pub fn bound(
+        &self,
+        provider: &str,
+        stored: Result<String, crate::store::JournalError>,
+        principal: &Principal,
+    ) -> Result<(), RegisterError> {
+        let owner = stored.map_err(|e| RegisterError::Store(provider.to_owned(), e))?;
+        let ok = principal.may_take_over_provider(&owner);
+        self.owners.insert(provider.to_owned(), owner);
+        if ok {
+            Ok(())
+        } else {
+            Err(RegisterError::NotOwner(provider.to_owned()))
+        }
+    }
+
+    /// Register a provider served over `conn` for `principal`, or hand an
+    /// existing one whose connection is gone to `conn` (re-registration after
+    /// a reconnect). The caller has [`claim`](Self::claim)ed the id.
     pub fn register_remote(
         &self,
         info: AgentInfo,
         conn: Arc<crate::publish::Outbound>,
+        principal: Principal,
         grace: std::time::Duration,
     ) -> Result<(), RegisterError> {
         let id = info.provider.clone();
@@ -72,13 +142,13 @@ impl Providers {
             if existing.is_connected() {
                 return Err(RegisterError::Taken(id));
             }
-            existing.attach(conn);
+            existing.attach(conn, principal);
             return Ok(());
         }
         if self.agents.contains_key(&id) {
             return Err(RegisterError::BuiltIn(id));
         }
-        let agent = Arc::new(remote::RemoteAgent::new(info, conn, grace));
+        let agent = Arc::new(remote::RemoteAgent::new(info, conn, principal, grace));
         self.remotes.insert(id.clone(), agent.clone());
         self.agents.insert(id, agent);
         Ok(())

@@ -6,6 +6,12 @@
 //! If its connection drops, its turns wait for a grace period (it may
 //! reconnect and register again); after that they end with `chat/error`, and
 //! every interaction still open in them settles `aborted`.
+//!
+//! A turn carries a person's prompt, so it only goes to a connection whose
+//! token may use the turn's session. A turn the serving connection may not
+//! see is not delivered: it ends at once with `chat/error`
+//! (`ProviderNotPermitted`), so the person learns why instead of waiting for
+//! an agent that will never answer.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,13 +23,21 @@ use parking_lot::Mutex;
 use serde_json::json;
 
 use super::{Agent, AgentTurn, ChatHandle};
+use crate::auth::Principal;
 use crate::channels::chat::chat_error;
 use crate::protocol::encode_notification;
 use crate::publish::{ConnId, Outbound};
 
+/// The connection serving the provider, and who is on it.
+struct Serving {
+    conn: Arc<Outbound>,
+    /// Decides which sessions' turns the connection may receive.
+    principal: Principal,
+}
+
 struct State {
     /// The live connection, if any.
-    conn: Option<Arc<Outbound>>,
+    serving: Option<Serving>,
     /// Bumped on every attach and detach, so a stale grace timer does nothing.
     generation: u64,
     /// Active turns by (chat, turn id).
@@ -38,13 +52,18 @@ pub struct RemoteAgent {
 }
 
 impl RemoteAgent {
-    /// A provider attached to `conn`.
-    pub fn new(info: AgentInfo, conn: Arc<Outbound>, grace: Duration) -> Self {
+    /// A provider attached to `conn`, on which `principal` is.
+    pub fn new(
+        info: AgentInfo,
+        conn: Arc<Outbound>,
+        principal: Principal,
+        grace: Duration,
+    ) -> Self {
         Self {
             info,
             grace,
             state: Mutex::new(State {
-                conn: Some(conn),
+                serving: Some(Serving { conn, principal }),
                 generation: 0,
                 turns: HashMap::new(),
             }),
@@ -55,30 +74,59 @@ impl RemoteAgent {
     pub fn is_connected(&self) -> bool {
         self.state
             .lock()
-            .conn
+            .serving
             .as_ref()
-            .is_some_and(|c| !c.is_closing())
+            .is_some_and(|s| !s.conn.is_closing())
     }
 
     /// A (re)registration took it over: the new connection is told about the
-    /// turns still waiting for it.
-    pub fn attach(&self, conn: Arc<Outbound>) {
+    /// turns still waiting for it — those of sessions its `principal` may
+    /// use; the others end with an error.
+    pub fn attach(&self, conn: Arc<Outbound>, principal: Principal) {
         let mut st = self.state.lock();
         st.generation += 1;
+        let refused: Vec<(String, String)> = st
+            .turns
+            .iter()
+            .filter(|(_, (session, _, _))| !principal.may_use_session(session))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in refused {
+            if let Some((session, handle, _)) = st.turns.remove(&key) {
+                self.refuse_turn(handle, &session);
+            }
+        }
         for ((chat, turn_id), (session, _, message)) in &st.turns {
             conn.push_now(turn_frame(session, chat, turn_id, message));
         }
-        st.conn = Some(conn);
+        st.serving = Some(Serving { conn, principal });
+    }
+
+    /// End a turn the serving connection may not see.
+    fn refuse_turn(&self, handle: ChatHandle, session: &str) {
+        tracing::info!(provider = %self.info.provider, chat = %handle.chat, %session, "turn outside the provider connection's sessions: ending it");
+        let err = chat_error(
+            &handle.turn_id,
+            &handle.started_at,
+            "ProviderNotPermitted",
+            &format!(
+                "the connection serving provider `{}` may not serve session `{session}`",
+                self.info.provider
+            ),
+        );
+        actix::spawn(async move {
+            let _ = handle.emit(err).await;
+        });
     }
 
     /// Its connection `conn` closed: start the grace period.
     pub fn detach(self: &Arc<Self>, conn: ConnId) {
         let generation = {
             let mut st = self.state.lock();
-            if st.conn.as_ref().map(|c| c.id()) != Some(conn) {
+            if st.serving.as_ref().map(|s| s.conn.id()) != Some(conn) {
                 return;
             }
-            st.conn = None;
+            st.serving = None;
             st.generation += 1;
             st.generation
         };
@@ -87,7 +135,7 @@ impl RemoteAgent {
             tokio::time::sleep(me.grace).await;
             let turns: Vec<ChatHandle> = {
                 let mut st = me.state.lock();
-                if st.generation != generation || st.conn.is_some() {
+                if st.generation != generation || st.serving.is_some() {
                     return;
                 }
                 st.turns.drain().map(|(_, (_, h, _))| h).collect()
@@ -129,8 +177,13 @@ impl Agent for RemoteAgent {
     fn start_turn(&self, turn: AgentTurn) {
         let mut st = self.state.lock();
         let key = (turn.handle.chat.to_string(), turn.handle.turn_id.clone());
-        if let Some(conn) = &st.conn {
-            conn.push_now(turn_frame(&turn.session, &key.0, &key.1, &turn.message));
+        if let Some(s) = &st.serving {
+            if !s.principal.may_use_session(&turn.session) {
+                drop(st);
+                return self.refuse_turn(turn.handle, &turn.session);
+            }
+            s.conn
+                .push_now(turn_frame(&turn.session, &key.0, &key.1, &turn.message));
         }
         st.turns
             .insert(key, (turn.session, turn.handle, turn.message));
@@ -138,9 +191,16 @@ impl Agent for RemoteAgent {
 
     fn cancel_turn(&self, chat: &str, turn_id: &str) {
         let mut st = self.state.lock();
-        st.turns.remove(&(chat.to_owned(), turn_id.to_owned()));
-        if let Some(conn) = &st.conn {
-            conn.push_now(ByteString::from(encode_notification(
+        // A turn it never held (refused) is none of its business.
+        if st
+            .turns
+            .remove(&(chat.to_owned(), turn_id.to_owned()))
+            .is_none()
+        {
+            return;
+        }
+        if let Some(s) = &st.serving {
+            s.conn.push_now(ByteString::from(encode_notification(
                 "tandem/turnCancelled",
                 &json!({"channel": chat, "turnId": turn_id}),
             )));

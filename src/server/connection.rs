@@ -34,6 +34,7 @@ use crate::channels::session::{CreateChat, ListPending, RemoveChat};
 use crate::channels::{ClientDispatch, SnapshotJson, Subscribe};
 use crate::protocol::methods::{self as m, decode_params};
 use crate::protocol::{self, errors, Incoming, RpcError};
+use crate::providers::{Claim, RegisterError};
 use crate::publish::outbound::CloseCause;
 use crate::publish::{Outbound, Replay};
 
@@ -258,6 +259,17 @@ impl StreamHandler<Result<Received, ReadError>> for Connection {
     }
 }
 
+/// A refused registration as a JSON-RPC error: someone else's id is a
+/// permission matter, a taken or built-in one a conflict.
+fn register_error(e: RegisterError) -> RpcError {
+    let code = match &e {
+        RegisterError::NotOwner(_) => errors::PERMISSION_DENIED,
+        RegisterError::BuiltIn(_) | RegisterError::Taken(_) => errors::ALREADY_EXISTS,
+        RegisterError::Store(..) => return RpcError::internal(e.to_string()),
+    };
+    RpcError::new(code, e.to_string())
+}
+
 /// `tandem/registerProvider` params.
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -447,11 +459,14 @@ impl Connection {
                         "too large: a `dispatchAction` of {frame_bytes} bytes is over the limit of {} bytes",
                         limits.max_action_bytes
                     )),
-                    Ok(()) if !self.take_dispatch_token(frame_bytes) => Some(format!(
-                        "rate limited: more than {} dispatches or {} bytes of actions per second on this connection",
-                        limits.dispatches_per_sec, limits.dispatch_bytes_per_sec
-                    )),
-                    Ok(()) => None,
+                    Ok(()) => self.persons_act_refusal(&p.action).or_else(|| {
+                        (!self.take_dispatch_token(frame_bytes)).then(|| {
+                            format!(
+                                "rate limited: more than {} dispatches or {} bytes of actions per second",
+                                limits.dispatches_per_sec, limits.dispatch_bytes_per_sec
+                            )
+                        })
+                    }),
                 };
                 if let Some(reason) = refused {
                     let json = serde_json::to_string(&p.action).unwrap_or_else(|_| "null".into());
@@ -600,8 +615,7 @@ impl Connection {
             }
             m::REGISTER_PROVIDER => {
                 let p: RegisterProviderParams = decode_params(&method, params).map_err(fail)?;
-                self.register_provider(p).map_err(fail)?;
-                self.reply(&id, &Value::Null);
+                self.register_provider(id, p, ctx).map_err(fail)?;
             }
             m::REQUEST_INTERACTION => {
                 let max = self
@@ -668,6 +682,27 @@ impl Connection {
         }
     }
 
+    /// The rejection reason when `action` is a person's act
+    /// ([`crate::auth::is_persons_act`]) and this connection speaks for an
+    /// agent: it serves a provider, or its token has the `agent` role.
+    fn persons_act_refusal(&self, action: &ahp_types::actions::StateAction) -> Option<String> {
+        if !crate::auth::is_persons_act(action) {
+            return None;
+        }
+        let why = if !self.providers.is_empty() {
+            "this connection serves a provider"
+        } else {
+            match self.principal.role {
+                crate::auth::Role::Agent => "this connection's token has the `agent` role",
+                crate::auth::Role::Client | crate::auth::Role::Admin => return None,
+            }
+        };
+        Some(format!(
+            "PermissionDenied: `{}` is a person's act: only client connections may send it, and {why}",
+            crate::channels::validate::action_type(action)
+        ))
+    }
+
     /// `-32009` unless this connection may use the channel's session.
     ///
     /// A scoped token learns nothing about channels outside its scope: a
@@ -702,7 +737,15 @@ impl Connection {
         )
     }
 
-    fn register_provider(&mut self, p: RegisterProviderParams) -> Result<(), RpcError> {
+    /// `tandem/registerProvider`. A provider id is bound to the token subject
+    /// that first registers it; a new binding is stored before the provider
+    /// is registered, so a restart keeps it.
+    fn register_provider(
+        &mut self,
+        id: Option<Value>,
+        p: RegisterProviderParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
         if !self.principal.may_register_providers() {
             return Err(RpcError::new(
                 errors::PERMISSION_DENIED,
@@ -732,12 +775,52 @@ impl Connection {
                 multiple_working_directories: None,
             }),
         };
+        let claim = self
+            .shared
+            .providers
+            .claim(&p.provider, &self.principal)
+            .map_err(register_error)?;
+        match claim {
+            Claim::Owned => {
+                self.attach_provider(info)?;
+                self.reply(&id, &Value::Null);
+            }
+            Claim::New => {
+                let bind = self
+                    .shared
+                    .journal
+                    .bind_provider(&p.provider, &self.principal.subject);
+                ctx.wait(bind.into_actor(self).map(move |stored, act, _| {
+                    let done = act
+                        .shared
+                        .providers
+                        .bound(&p.provider, stored, &act.principal)
+                        .map_err(register_error)
+                        .and_then(|()| act.attach_provider(info));
+                    match done {
+                        Ok(()) => act.reply(&id, &Value::Null),
+                        Err(e) => act.reply_error(&id.unwrap_or_default(), e),
+                    }
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Serve the claimed provider `info` on this connection.
+    fn attach_provider(&mut self, info: ahp_types::state::AgentInfo) -> Result<(), RpcError> {
+        let provider = info.provider.clone();
         self.shared
             .providers
-            .register_remote(info, self.out.clone(), self.shared.config.provider_grace)
-            .map_err(|e| RpcError::new(errors::ALREADY_EXISTS, e.to_string()))?;
-        tracing::info!(provider = %p.provider, conn = self.out.id().0, "provider registered");
-        self.providers.insert(p.provider);
+            .register_remote(
+                info,
+                self.out.clone(),
+                self.principal.clone(),
+                self.shared.config.provider_grace,
+            )
+            .map_err(register_error)?;
+        tracing::info!(%provider, conn = self.out.id().0, subject = %self.principal.subject, "provider registered");
+        self.providers.insert(provider);
         self.root.do_send(crate::channels::root::AgentsChanged);
         Ok(())
     }
@@ -750,6 +833,7 @@ impl Connection {
         p: RequestInteractionParams,
         ctx: &mut Context<Self>,
     ) -> Result<(), RpcError> {
+        self.permit(&p.channel)?;
         let ch =
             self.shared.registry.get(&p.channel).ok_or_else(|| {
                 RpcError::new(errors::NOT_FOUND, format!("no chat `{}`", p.channel))
@@ -773,10 +857,25 @@ impl Connection {
         let interaction: crate::interactions::Interaction =
             serde_json::from_value(p.interaction)
                 .map_err(|e| RpcError::invalid_params(format!("invalid `interaction`: {e}")))?;
-        if let crate::interactions::Interaction::Form { schema, .. } = &interaction {
-            crate::interactions::form::questions(schema).map_err(|e| {
-                RpcError::invalid_params(format!("the form schema is not supported: {e}"))
-            })?;
+        let asked = match &interaction {
+            crate::interactions::Interaction::Form { schema, .. } => {
+                crate::interactions::form::questions(schema)
+                    .map_err(|e| {
+                        RpcError::invalid_params(format!("the form schema is not supported: {e}"))
+                    })?
+                    .len()
+            }
+            crate::interactions::Interaction::Input { request, .. } => {
+                request.questions.as_ref().map_or(0, Vec::len)
+            }
+            crate::interactions::Interaction::Url { .. }
+            | crate::interactions::Interaction::ToolApproval { .. } => 0,
+        };
+        let max = self.shared.config.limits.max_questions_per_request;
+        if asked > max {
+            return Err(RpcError::invalid_params(format!(
+                "{asked} questions in one request; the limit is {max} (`max_questions_per_request`)"
+            )));
         }
         let handle =
             crate::providers::ChatHandle::new(chat, ch.uri.clone(), p.turn_id, String::new());

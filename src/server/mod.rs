@@ -117,10 +117,11 @@ where
                 let providers = Providers::default();
                 providers.register(Arc::new(ScriptedAgent));
                 let started = std::time::Instant::now();
-                let recovered = journal
+                let mut recovered = journal
                     .recover()
                     .map_err(|e| anyhow::anyhow!("{e}"))
                     .context("reading the store")?;
+                providers.restore_owners(std::mem::take(&mut recovered.provider_owners));
                 let shared = Arc::new(Shared::new(
                     config.clone(),
                     journal,

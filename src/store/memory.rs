@@ -9,8 +9,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{
-    Batch, ChannelInfo, Commit, Journal, JournalError, Record, Recovered, RecoveredChannel,
-    SnapshotRecord,
+    Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, Record, Recovered,
+    RecoveredChannel, SnapshotRecord,
 };
 
 #[derive(Default)]
@@ -28,6 +28,8 @@ pub struct MemoryJournal {
     channels: Mutex<BTreeMap<String, Stored>>,
     next_order: AtomicU64,
     seq_floor: AtomicU64,
+    /// Provider id → owning token subject.
+    provider_owners: Mutex<BTreeMap<String, String>>,
 }
 
 impl MemoryJournal {
@@ -147,7 +149,18 @@ impl Journal for MemoryJournal {
         Ok(Recovered {
             channels: channels.into_iter().map(|(_, c)| c).collect(),
             seq_floor: self.seq_floor.load(Ordering::SeqCst),
+            provider_owners: self.provider_owners.lock().clone(),
         })
+    }
+
+    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
+        let owner = self
+            .provider_owners
+            .lock()
+            .entry(provider.to_owned())
+            .or_insert_with(|| subject.to_owned())
+            .clone();
+        Box::pin(std::future::ready(Ok(owner)))
     }
 }
 
@@ -221,5 +234,14 @@ mod tests {
             .map(|t| t.to_string())
             .collect();
         assert_eq!(page, ["t2", "t3"]);
+    }
+
+    #[tokio::test]
+    async fn the_first_provider_binding_wins_and_is_recovered() {
+        let j = MemoryJournal::new();
+        assert_eq!(j.bind_provider("p", "alice").await, Ok("alice".into()));
+        assert_eq!(j.bind_provider("p", "mallory").await, Ok("alice".into()));
+        let owners = j.recover().expect("recover").provider_owners;
+        assert_eq!(owners.get("p").map(String::as_str), Some("alice"));
     }
 }

@@ -12,6 +12,7 @@
 pub mod memory;
 pub mod sqlite;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,6 +22,10 @@ pub use sqlite::{Durability, SqliteJournal};
 
 /// A boxed future resolving when a batch is durable.
 pub type Commit = Pin<Box<dyn Future<Output = Result<(), JournalError>> + Send>>;
+
+/// A boxed future resolving, once a provider binding is durable, with the
+/// token subject the provider id is bound to.
+pub type BindCommit = Pin<Box<dyn Future<Output = Result<String, JournalError>> + Send>>;
 
 /// Why a write was not stored. A failed append is never acknowledged: the
 /// action is rejected and nobody sees it.
@@ -153,6 +158,10 @@ pub struct Recovered {
     pub channels: Vec<RecoveredChannel>,
     /// `serverSeq` must start above this.
     pub seq_floor: u64,
+    /// Provider id → the token subject that first registered it: an id stays
+    /// with its first owner across restarts, so a restart does not hand its
+    /// sessions' turns to whichever agent registers first.
+    pub provider_owners: BTreeMap<String, String>,
 }
 
 /// Storage for the action log of every channel.
@@ -185,6 +194,15 @@ pub trait Journal: Send + Sync + 'static {
 
     /// Everything stored, for start-up.
     fn recover(&self) -> Result<Recovered, JournalError>;
+
+    /// Bind provider id `provider` to the token subject `subject`, unless it
+    /// is bound already: the first binding wins and is never replaced (the
+    /// journal is the arbiter when several writers race). Resolves, once the
+    /// binding is durable, with the subject the id is bound to — `subject`,
+    /// or the earlier owner. Bindings come back in
+    /// [`Recovered::provider_owners`]. No default: a backend that forgot
+    /// them would let any agent take an id over after a restart.
+    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit;
 
     /// Wait until every write handed to the journal so far is durable (used
     /// at shutdown).

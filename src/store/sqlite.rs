@@ -7,7 +7,7 @@
 //! many chats' actions share each commit, which is where the throughput comes
 //! from. Reads (start-up recovery, turn paging) use a second connection.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::{
-    Batch, ChannelInfo, ChannelKind, Commit, Journal, JournalError, Record, Recovered,
+    Batch, BindCommit, ChannelInfo, ChannelKind, Commit, Journal, JournalError, Record, Recovered,
     RecoveredChannel, SnapshotRecord,
 };
 
@@ -45,6 +45,11 @@ enum Op {
     },
     Remove(String),
     Reserve(u64, mpsc::SyncSender<Result<(), JournalError>>),
+    BindProvider {
+        provider: String,
+        subject: String,
+        done: oneshot::Sender<Result<String, JournalError>>,
+    },
 }
 
 /// The SQLite journal.
@@ -135,6 +140,40 @@ fn create_private_file(path: &Path) -> std::io::Result<()> {
     options.open(path).map(drop)
 }
 
+/// Provider id → the token subject that first registered it. Its own table
+/// (not a column of `channels`): a binding outlives every session of the
+/// provider, and an id may be bound before any session uses it.
+const PROVIDER_OWNERS_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS provider_owners (provider TEXT PRIMARY KEY, subject TEXT NOT NULL);
+";
+
+/// Bind `provider` to `subject` unless it is bound; the owner it has after.
+fn bind_provider_in(
+    tx: &rusqlite::Transaction<'_>,
+    provider: &str,
+    subject: &str,
+) -> rusqlite::Result<String> {
+    tx.prepare_cached("INSERT OR IGNORE INTO provider_owners (provider, subject) VALUES (?1, ?2)")?
+        .execute(params![provider, subject])?;
+    tx.prepare_cached("SELECT subject FROM provider_owners WHERE provider = ?1")?
+        .query_row([provider], |r| r.get(0))
+}
+
+/// Every stored provider binding.
+fn read_provider_owners(conn: &Connection) -> Result<BTreeMap<String, String>, JournalError> {
+    let mut owners = BTreeMap::new();
+    for_each_row(
+        conn,
+        "SELECT provider, subject FROM provider_owners",
+        |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        |(provider, subject)| {
+            owners.insert(provider, subject);
+            Ok(())
+        },
+    )?;
+    Ok(owners)
+}
+
 fn open_conn(path: &Path, durability: Durability) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -170,6 +209,9 @@ impl SqliteJournal {
         let writer = open_conn(&path, durability).map_err(describe)?;
         writer.execute_batch(SCHEMA).map_err(describe)?;
         migrate(&writer).map_err(describe)?;
+        writer
+            .execute_batch(PROVIDER_OWNERS_SCHEMA)
+            .map_err(describe)?;
         let reader = open_conn(&path, durability).map_err(describe)?;
         reader
             .execute_batch("PRAGMA query_only = ON;")
@@ -441,7 +483,21 @@ impl Journal for SqliteJournal {
         Ok(Recovered {
             channels,
             seq_floor,
+            provider_owners: read_provider_owners(&conn)?,
         })
+    }
+
+    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
+        let (done, rx) = oneshot::channel();
+        let op = Op::BindProvider {
+            provider: provider.to_owned(),
+            subject: subject.to_owned(),
+            done,
+        };
+        if !self.send(op) {
+            return Box::pin(std::future::ready(Err(closed())));
+        }
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(closed())) })
     }
 }
 
@@ -464,6 +520,8 @@ fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Op>, lens: Arc<DashMap<St
         // only if it succeeds.
         let mut pending: HashMap<String, u64> = HashMap::new();
         let mut results: Vec<Result<(), JournalError>> = Vec::with_capacity(ops.len());
+        // The owner after each `BindProvider` op, in op order.
+        let mut owners: Vec<String> = Vec::new();
         let outcome = (|| -> rusqlite::Result<()> {
             let tx = conn.transaction()?;
             for op in &ops {
@@ -507,6 +565,12 @@ fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Op>, lens: Arc<DashMap<St
                         pending.insert(channel.clone(), 0);
                         Ok(())
                     }
+                    Op::BindProvider {
+                        provider, subject, ..
+                    } => {
+                        owners.push(bind_provider_in(&tx, provider, subject)?);
+                        Ok(())
+                    }
                     Op::Reserve(upto, _) => {
                         tx.execute(
                             "INSERT INTO meta (key, value) VALUES ('seq_floor', ?1) ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
@@ -526,6 +590,7 @@ fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Op>, lens: Arc<DashMap<St
                 lens.insert(c, l);
             }
         }
+        let mut owners = owners.into_iter();
         for (op, r) in ops
             .into_iter()
             .zip(results.into_iter().chain(std::iter::repeat_with(|| Ok(()))))
@@ -540,6 +605,12 @@ fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Op>, lens: Arc<DashMap<St
                 }
                 Op::Reserve(_, done) => {
                     let _ = done.send(r);
+                }
+                Op::BindProvider { done, .. } => {
+                    let owner = owners
+                        .next()
+                        .ok_or_else(|| unavailable("the binding was not written"));
+                    let _ = done.send(r.and(owner));
                 }
                 Op::Remove(_) => {}
             }
@@ -661,6 +732,29 @@ mod tests {
         j.remove("ahp-chat:/a");
         j.reserve_seq(1001).expect("barrier after remove");
         assert!(j.recover().expect("recover").channels.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn provider_bindings_keep_their_first_owner_across_reopen() {
+        let dir = tempdir();
+        {
+            let j = SqliteJournal::open(&dir, Durability::Full).expect("open");
+            let (first, second) = tokio::join!(
+                j.bind_provider("p", "alice"),
+                j.bind_provider("p", "mallory")
+            );
+            assert_eq!(first, Ok("alice".into()), "queued first, bound first");
+            assert_eq!(second, Ok("alice".into()), "the later one learns the owner");
+            assert_eq!(j.bind_provider("q", "bob").await, Ok("bob".into()));
+        }
+        let j = SqliteJournal::open(&dir, Durability::Full).expect("reopen");
+        let owners = j.recover().expect("recover").provider_owners;
+        assert_eq!(
+            owners.into_iter().collect::<Vec<_>>(),
+            [("p".into(), "alice".into()), ("q".into(), "bob".into())]
+        );
+        assert_eq!(j.bind_provider("p", "mallory").await, Ok("alice".into()));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -3,6 +3,8 @@
 //! reduced with the same official reducers the server uses.
 #![allow(dead_code)]
 
+pub mod provider;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
