@@ -8,7 +8,9 @@ use crate::store::Durability;
 /// How the server runs. `Default` is what `tandem serve` uses without flags.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// HS256 secret for bearer tokens; `None` accepts everyone (loopback only).
+    /// HS256 secret for bearer tokens, used byte for byte (at least
+    /// [`crate::auth::MIN_SECRET_BYTES`]; the server refuses to start with a
+    /// shorter one); `None` accepts everyone (loopback only).
     pub auth_secret: Option<Vec<u8>>,
     /// Limits.
     pub limits: Limits,

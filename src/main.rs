@@ -28,25 +28,21 @@ enum Command {
 
 #[derive(clap::Args, Clone)]
 struct SecretArgs {
-    /// File holding the HS256 secret for bearer tokens (at least 16 bytes).
-    /// Also read from `TANDEM_AUTH_SECRET`. Without a secret the server
-    /// accepts unauthenticated connections and only listens on loopback.
+    /// File holding the HS256 secret for bearer tokens: its bytes as they
+    /// are (binary is fine) minus trailing whitespace, at least 32 bytes.
+    /// Otherwise read from `TANDEM_AUTH_SECRET` (UTF-8, same rules). A set
+    /// but unusable secret is an error. Without a secret the server accepts
+    /// unauthenticated connections and only listens on loopback.
     #[arg(long)]
     auth_secret_file: Option<std::path::PathBuf>,
 }
 
 impl SecretArgs {
     fn secret(&self) -> anyhow::Result<Option<Vec<u8>>> {
-        if let Some(path) = &self.auth_secret_file {
-            let s = std::fs::read(path)
-                .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-            let trimmed = String::from_utf8_lossy(&s).trim().as_bytes().to_vec();
-            return Ok(Some(trimmed));
-        }
-        Ok(std::env::var("TANDEM_AUTH_SECRET")
-            .ok()
-            .filter(|s| !s.is_empty())
-            .map(String::into_bytes))
+        Ok(tandem::auth::load_secret(
+            self.auth_secret_file.as_deref(),
+            std::env::var_os(tandem::auth::SECRET_ENV),
+        )?)
     }
 }
 
@@ -149,15 +145,6 @@ fn serve() -> anyhow::Result<()> {
         None => cli.serve,
     };
     let secret = args.secret.secret()?;
-    if secret.is_none() && !args.bind.ip().is_loopback() {
-        anyhow::bail!(
-            "refusing to listen on {} without authentication: set --auth-secret-file or TANDEM_AUTH_SECRET, or bind to loopback",
-            args.bind
-        );
-    }
-    if let Some(s) = &secret {
-        tandem::auth::Authenticator::new(s).map_err(|e| anyhow::anyhow!("{e}"))?;
-    }
     let config = Config {
         limits: tandem::Limits {
             max_connections: args.max_connections,
@@ -179,6 +166,8 @@ fn serve() -> anyhow::Result<()> {
         max_frame_bytes: args.max_frame_bytes,
         ..Config::default()
     };
+    // The same checks `run` makes, before a store is opened or a port bound.
+    tandem::server::check_config(&config, args.bind)?;
     let journal: std::sync::Arc<dyn tandem::store::Journal> = match &config.data_dir {
         Some(dir) => std::sync::Arc::new(
             tandem::store::SqliteJournal::open(dir, config.durability)
@@ -229,7 +218,7 @@ fn mint(t: TokenArgs) -> anyhow::Result<()> {
     let secret = t.secret.secret()?.ok_or_else(|| {
         anyhow::anyhow!("no secret: set --auth-secret-file or TANDEM_AUTH_SECRET")
     })?;
-    let auth = tandem::auth::Authenticator::new(&secret).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let auth = tandem::auth::Authenticator::new(&secret)?;
     let claims = tandem::auth::Claims {
         sub: t.subject,
         role: t.role,

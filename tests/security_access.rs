@@ -1,0 +1,207 @@
+//! Who may reach a Tandem: start-up refusals (library and binary).
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::*;
+use tandem::auth::{now_secs, Authenticator, Claims, Role};
+use tandem::Config;
+
+const SECRET: &[u8] = b"access-test-secret-0123456789abcdef";
+
+fn token(sub: &str, exp: u64) -> String {
+    Authenticator::new(SECRET)
+        .expect("key")
+        .mint(&Claims {
+            sub: sub.into(),
+            role: Role::Admin,
+            exp,
+            sessions: None,
+        })
+        .expect("mint")
+}
+
+/// Item 4: the library refuses, before serving, a secret that makes no key
+/// and an unauthenticated server on a non-loopback address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_refuses_to_start_unsafely() {
+    async fn start(bind: &str, config: Config) -> (anyhow::Result<()>, bool) {
+        let listener = std::net::TcpListener::bind(bind).expect("bind");
+        let served = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = served.clone();
+        // Awaited only once the server serves.
+        let shutdown = async move { flag.store(true, std::sync::atomic::Ordering::SeqCst) };
+        let result = tokio::time::timeout(WAIT, tandem::run(listener, config, shutdown))
+            .await
+            .expect("run returns");
+        (result, served.load(std::sync::atomic::Ordering::SeqCst))
+    }
+    let (result, served) = start(
+        "127.0.0.1:0",
+        Config {
+            auth_secret: Some(b"too-short-secret".to_vec()),
+            ..Config::default()
+        },
+    )
+    .await;
+    let err = format!("{:#}", result.expect_err("a 16-byte secret is refused"));
+    assert!(err.contains("at least 32 bytes"), "{err}");
+    assert!(!served, "refused before serving");
+
+    let (result, served) = start("0.0.0.0:0", Config::default()).await;
+    let err = format!("{:#}", result.expect_err("no secret on 0.0.0.0"));
+    assert!(err.contains("without authentication"), "{err}");
+    assert!(!served, "refused before serving");
+
+    // A good secret on the same path serves.
+    let (result, served) = start(
+        "127.0.0.1:0",
+        Config {
+            auth_secret: Some(SECRET.to_vec()),
+            ..Config::default()
+        },
+    )
+    .await;
+    result.expect("serves");
+    assert!(served);
+}
+
+/// `tandem serve` with `envs` and `args` (in memory, loopback): its exit
+/// status and stderr once it exits, or `Err(first stdout line)` when it
+/// started serving instead (it is then killed).
+async fn serve_binary(
+    envs: &[(&str, &std::ffi::OsStr)],
+    args: &[&std::ffi::OsStr],
+) -> Result<(std::process::ExitStatus, String), String> {
+    use tokio::io::AsyncBufReadExt;
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tandem"));
+    cmd.args(["serve", "--bind", "127.0.0.1:0", "--in-memory"])
+        .args(args)
+        .env_remove(tandem::auth::SECRET_ENV)
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn tandem");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    let _ = tokio::time::timeout(WAIT, tokio::io::BufReader::new(stdout).read_line(&mut line))
+        .await
+        .expect("the binary starts or exits in time");
+    if !line.is_empty() {
+        let _ = child.kill().await;
+        return Err(line);
+    }
+    let out = tokio::time::timeout(WAIT, child.wait_with_output())
+        .await
+        .expect("exits in time")
+        .expect("wait");
+    Ok((
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// Item 6: a secret that is set but unusable stops the binary with a message
+/// naming it; a secret is used byte for byte, trailing whitespace trimmed
+/// alike from the variable and the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_secret_stops_the_binary_and_a_good_one_is_trimmed_alike() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = temp_dir("secrets");
+    let binary_short = dir.join("six-bytes");
+    std::fs::write(&binary_short, [0xff; 6]).expect("write");
+    let cases: Vec<(
+        &str,
+        Vec<(&str, &std::ffi::OsStr)>,
+        Vec<&std::ffi::OsStr>,
+        &str,
+    )> = vec![
+        (
+            "empty variable",
+            vec![(tandem::auth::SECRET_ENV, std::ffi::OsStr::new(""))],
+            vec![],
+            "TANDEM_AUTH_SECRET is set but empty",
+        ),
+        (
+            "non-UTF-8 variable",
+            vec![(
+                tandem::auth::SECRET_ENV,
+                std::ffi::OsStr::from_bytes(&[0xff; 40]),
+            )],
+            vec![],
+            "TANDEM_AUTH_SECRET is not valid UTF-8",
+        ),
+        (
+            "31-byte variable",
+            vec![(
+                tandem::auth::SECRET_ENV,
+                std::ffi::OsStr::new("0123456789012345678901234567890"),
+            )],
+            vec![],
+            "holds 31 bytes; a secret must be at least 32 bytes",
+        ),
+        (
+            "six binary bytes in a file",
+            vec![],
+            vec![
+                std::ffi::OsStr::new("--auth-secret-file"),
+                binary_short.as_os_str(),
+            ],
+            "holds 6 bytes; a secret must be at least 32 bytes",
+        ),
+    ];
+    for (case, envs, args, message) in cases {
+        match serve_binary(&envs, &args).await {
+            Ok((status, stderr)) => {
+                assert_eq!(status.code(), Some(1), "{case}: {stderr}");
+                assert!(stderr.contains(message), "{case}: {stderr}");
+            }
+            Err(line) => panic!("{case}: the server started: {line}"),
+        }
+    }
+
+    // An exported secret ending in a newline means the same key as the
+    // file `echo` writes, and as the text itself.
+    let text = std::str::from_utf8(SECRET).expect("text secret");
+    let (status_line, child) = {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args(["serve", "--bind", "127.0.0.1:0", "--in-memory"])
+            .env(tandem::auth::SECRET_ENV, format!("{text}\n"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn tandem");
+        let mut line = String::new();
+        tokio::time::timeout(
+            WAIT,
+            tokio::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line),
+        )
+        .await
+        .expect("starts in time")
+        .expect("read");
+        (line, child)
+    };
+    let addr: SocketAddr = status_line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {status_line:?}"));
+    let url = format!("ws://{addr}/ahp?token={}", token("t", now_secs() + 60));
+    // The port listens from the start (requests wait in its backlog).
+    let status = match tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url.as_str()))
+        .await
+        .expect("answered in time")
+    {
+        Ok(_) => 101,
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => r.status().as_u16(),
+        Err(e) => panic!("unexpected {e}"),
+    };
+    assert_eq!(status, 101, "a token minted with the trimmed secret works");
+    drop(child);
+    let _ = std::fs::remove_dir_all(dir);
+}
