@@ -68,6 +68,11 @@ struct TokenArgs {
 struct ServeArgs {
     #[command(flatten)]
     secret: SecretArgs,
+    /// A web origin (`scheme://host[:port]`) besides the server's own whose
+    /// pages may open /ahp: another front end, or a reverse proxy's or
+    /// tunnel's public name. Repeatable.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
     /// Address to listen on.
     #[arg(long, env = "TANDEM_BIND", default_value = "127.0.0.1:7420")]
     bind: SocketAddr,
@@ -157,6 +162,7 @@ fn serve() -> anyhow::Result<()> {
             max_sessions_per_token: args.max_sessions_per_token,
         },
         auth_secret: secret,
+        allowed_origins: args.allowed_origins.clone(),
         data_dir: (!args.in_memory).then(|| args.data_dir.clone()),
         durability: args.durability,
         replay_ring_len: args.replay_ring_len,

@@ -1,12 +1,15 @@
-//! Who may reach a Tandem: start-up refusals (library and binary).
+//! Who may reach a Tandem: browser origins and hosts on the upgrade, and
+//! start-up refusals (library and binary).
 
 mod common;
 
 use std::net::SocketAddr;
 
 use common::*;
+use serde_json::Value;
 use tandem::auth::{now_secs, Authenticator, Claims, Role};
 use tandem::Config;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 const SECRET: &[u8] = b"access-test-secret-0123456789abcdef";
 
@@ -20,6 +23,119 @@ fn token(sub: &str, exp: u64) -> String {
             sessions: None,
         })
         .expect("mint")
+}
+
+/// Upgrade `url` with extra headers: the HTTP status (101 when accepted)
+/// and, when refused, the JSON body.
+async fn upgrade(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut req = url.into_client_request().expect("request");
+    for (name, value) in headers {
+        let name = tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(name.as_bytes())
+            .expect("header name");
+        req.headers_mut()
+            .insert(name, value.parse().expect("header value"));
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((mut ws, _)) => {
+            let _ = ws.close(None).await;
+            (101, Value::Null)
+        }
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            let body = r
+                .body()
+                .as_deref()
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or(Value::Null);
+            (r.status().as_u16(), body)
+        }
+        Err(e) => panic!("unexpected {e}"),
+    }
+}
+
+/// A refusal naming `why`, in the shape of every refused upgrade.
+fn assert_refused(got: (u16, Value), why: &str, case: &str) {
+    assert_eq!(got.0, 403, "{case}: {}", got.1);
+    assert_eq!(got.1["error"]["code"], -32009, "{case}: {}", got.1);
+    let msg = got.1["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains(why), "{case}: {msg:?} should name {why:?}");
+}
+
+/// Item 1: a page from another origin, `Origin: null`, or a rebound name
+/// cannot open `/ahp` on a loopback Tandem; its own page, other loopback
+/// names, clients without `Origin` and allow-listed front ends can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_this_servers_own_pages_and_allowed_origins_may_upgrade() {
+    let server = TestServer::start_with(Config {
+        allowed_origins: vec!["https://ide.example.com".into()],
+        ..Config::default()
+    })
+    .await;
+    let url = server.url();
+    let port = server.addr.port();
+    let own = format!("http://127.0.0.1:{port}");
+    let localhost = format!("http://localhost:{port}");
+    let localhost_host = format!("localhost:{port}");
+    let rebound = format!("http://evil.example:{port}");
+    let rebound_host = format!("evil.example:{port}");
+
+    assert_refused(
+        upgrade(&url, &[("Origin", "https://evil.example")]).await,
+        "cross-origin",
+        "a foreign page",
+    );
+    assert_refused(
+        upgrade(&url, &[("Origin", "null")]).await,
+        "Origin: null",
+        "an opaque origin",
+    );
+    assert_refused(
+        upgrade(
+            &url,
+            &[
+                ("Origin", rebound.as_str()),
+                ("Host", rebound_host.as_str()),
+            ],
+        )
+        .await,
+        "DNS rebinding",
+        "a rebound name",
+    );
+    assert_refused(
+        upgrade(&url, &[("Origin", "http://127.0.0.1:1")]).await,
+        "cross-origin",
+        "another port",
+    );
+
+    assert_eq!(upgrade(&url, &[("Origin", own.as_str())]).await.0, 101);
+    assert_eq!(
+        upgrade(
+            &url,
+            &[
+                ("Origin", localhost.as_str()),
+                ("Host", localhost_host.as_str())
+            ]
+        )
+        .await
+        .0,
+        101
+    );
+    assert_eq!(
+        upgrade(&url, &[("Origin", "https://ide.example.com")])
+            .await
+            .0,
+        101,
+        "an allowed front end"
+    );
+    assert_eq!(upgrade(&url, &[]).await.0, 101, "no Origin: not a browser");
+    assert_eq!(
+        upgrade(&url, &[("Host", rebound_host.as_str())]).await.0,
+        101,
+        "a non-browser client may name any Host"
+    );
+    // The official client (no Origin) works as before.
+    let c = server.client("plain").await;
+    c.client.ping().await.expect("ping");
+    server.stop().await;
 }
 
 /// Item 4: the library refuses, before serving, a secret that makes no key
@@ -52,6 +168,18 @@ async fn the_library_refuses_to_start_unsafely() {
     let (result, served) = start("0.0.0.0:0", Config::default()).await;
     let err = format!("{:#}", result.expect_err("no secret on 0.0.0.0"));
     assert!(err.contains("without authentication"), "{err}");
+    assert!(!served, "refused before serving");
+
+    let (result, served) = start(
+        "127.0.0.1:0",
+        Config {
+            allowed_origins: vec!["ide.example.com".into()],
+            ..Config::default()
+        },
+    )
+    .await;
+    let err = format!("{:#}", result.expect_err("an origin without a scheme"));
+    assert!(err.contains("--allowed-origin `ide.example.com`"), "{err}");
     assert!(!served, "refused before serving");
 
     // A good secret on the same path serves.

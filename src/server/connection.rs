@@ -44,6 +44,17 @@ pub async fn ahp_ws(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
     let shared = &state.shared;
+    let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    if let Err(e) = state.origins.check(
+        header(actix_web::http::header::ORIGIN),
+        header(actix_web::http::header::HOST),
+    ) {
+        return Ok(refuse(
+            StatusCode::FORBIDDEN,
+            errors::PERMISSION_DENIED,
+            &e.to_string(),
+        ));
+    }
     let principal = match &shared.auth {
         None => Principal::local(),
         Some(auth) => match bearer_token(&req)

@@ -1,6 +1,7 @@
 //! The actix-web application: `/ahp` (WebSocket), `/healthz`, and the
 //! embedded browser client at `/`.
 
+pub mod access;
 pub mod connection;
 mod socket;
 #[path = "web.rs"]
@@ -14,6 +15,7 @@ use actix::prelude::*;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
 
+use self::access::{OriginConfigError, OriginPolicy};
 use crate::auth::{Authenticator, SecretError};
 use crate::channels::core::Shared;
 use crate::channels::recovery::Restore;
@@ -33,6 +35,8 @@ pub struct AppState {
     pub shared: Arc<Shared>,
     /// The root actor (session lifecycle).
     pub root: Addr<RootActor>,
+    /// Which web pages may open `/ahp`.
+    pub origins: Arc<OriginPolicy>,
 }
 
 /// Why a server refuses to start.
@@ -44,18 +48,23 @@ pub enum StartError {
     /// No secret, and an address others can reach.
     #[error("refusing to serve on {0} without authentication: set a secret (--auth-secret-file or TANDEM_AUTH_SECRET), or bind to loopback")]
     Unauthenticated(SocketAddr),
+    /// An unusable `--allowed-origin`.
+    #[error("{0}")]
+    Origin(#[from] OriginConfigError),
 }
 
 /// What the start-up checks yield.
 pub struct Checked {
     /// The token verifier, when a secret is configured.
     pub auth: Option<Authenticator>,
+    /// The `Origin`/`Host` rules for `/ahp`.
+    pub origins: OriginPolicy,
 }
 
 /// Check that `config` may be served on `addr`, before anything listens:
 /// the secret, when set, must make a key (never silently no authentication);
 /// without one only loopback is allowed, since everyone who can connect is
-/// then an admin. `main` calls it before
+/// then an admin; every allowed origin must parse. `main` calls it before
 /// binding, and [`run`] again, so a library caller gets the same guarantees.
 pub fn check_config(config: &Config, addr: SocketAddr) -> Result<Checked, StartError> {
     let auth = config
@@ -66,7 +75,8 @@ pub fn check_config(config: &Config, addr: SocketAddr) -> Result<Checked, StartE
     if auth.is_none() && !addr.ip().is_loopback() {
         return Err(StartError::Unauthenticated(addr));
     }
-    Ok(Checked { auth })
+    let origins = OriginPolicy::new(addr, &config.allowed_origins)?;
+    Ok(Checked { auth, origins })
 }
 
 async fn healthz(state: web::Data<AppState>) -> HttpResponse {
@@ -146,7 +156,8 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let addr = listener.local_addr().context("reading the bound address")?;
-    let Checked { auth } = check_config(&config, addr)?;
+    let Checked { auth, origins } = check_config(&config, addr)?;
+    let origins = Arc::new(origins);
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let store = journal.clone();
     let thread = std::thread::Builder::new()
@@ -201,6 +212,7 @@ where
                 let state = AppState {
                     shared: shared.clone(),
                     root,
+                    origins,
                 };
                 let idle_timeout = config.idle_timeout;
                 let server = HttpServer::new(move || {
