@@ -15,6 +15,7 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{decode, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
@@ -54,6 +55,11 @@ pub struct Principal {
     pub role: Role,
     /// Sessions it may use; `None` means any.
     pub sessions: Option<Arc<HashSet<String>>>,
+    /// When its token expires, seconds since the Unix epoch (`None`: never,
+    /// as without authentication). An open socket is closed at that moment:
+    /// a token checked only at the upgrade would otherwise live as long as
+    /// the connection.
+    pub expires_at_secs: Option<u64>,
 }
 
 impl Principal {
@@ -63,7 +69,20 @@ impl Principal {
             subject: "local".into(),
             role: Role::Admin,
             sessions: None,
+            expires_at_secs: None,
         }
+    }
+
+    /// Time left until its token expires (zero once it has); `None` when it
+    /// never does.
+    pub fn expires_in(&self) -> Option<Duration> {
+        let exp = self.expires_at_secs?;
+        let at = UNIX_EPOCH.checked_add(Duration::from_secs(exp));
+        Some(match at {
+            Some(at) => at.duration_since(SystemTime::now()).unwrap_or_default(),
+            // Beyond what the clock can represent: as good as never.
+            None => Duration::MAX,
+        })
     }
 
     /// May it see and act on session `uri`?
@@ -228,6 +247,10 @@ impl Authenticator {
     pub fn verify(&self, token: &str) -> Result<Principal, AuthError> {
         let mut v = Validation::new(Algorithm::HS256);
         v.leeway = 0;
+        // RFC 7519: `exp` is the time "on or after which" the token must not
+        // be accepted (the library alone accepts it during that second), and
+        // the moment an open socket is closed.
+        v.reject_tokens_expiring_in_less_than = 1;
         v.set_required_spec_claims(&["exp", "sub"]);
         let data = decode::<Claims>(token, &self.decoding, &v).map_err(|e| match e.kind() {
             jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
@@ -238,6 +261,7 @@ impl Authenticator {
             subject: c.sub,
             role: c.role,
             sessions: c.sessions.map(|s| Arc::new(s.into_iter().collect())),
+            expires_at_secs: Some(c.exp),
         })
     }
 }
@@ -297,6 +321,10 @@ mod tests {
             .mint(&claims(Role::Agent, now_secs() - 10, None))
             .expect("mint");
         assert_eq!(a.verify(&old), Err(AuthError::Expired));
+        let now = a
+            .mint(&claims(Role::Agent, now_secs(), None))
+            .expect("mint");
+        assert_eq!(a.verify(&now), Err(AuthError::Expired), "on `exp` itself");
         let forged = Authenticator::new(b"another-secret-of-enough-length!")
             .expect("key")
             .mint(&claims(Role::Admin, now_secs() + 60, None))
@@ -378,5 +406,30 @@ mod tests {
         ));
         assert!(Authenticator::new(&[b'k'; MIN_SECRET_BYTES - 1]).is_err());
         assert!(Authenticator::new(&[b'k'; MIN_SECRET_BYTES]).is_ok());
+    }
+
+    #[test]
+    fn a_principal_knows_when_its_token_expires() {
+        let a = Authenticator::new(b"a-test-secret-of-32-bytes-length").expect("key");
+        let exp = now_secs() + 100;
+        let p = a
+            .verify(&a.mint(&claims(Role::Client, exp, None)).expect("mint"))
+            .expect("valid");
+        assert_eq!(p.expires_at_secs, Some(exp));
+        let left = p.expires_in().expect("expires");
+        assert!(left > Duration::from_secs(98) && left <= Duration::from_secs(100));
+        assert_eq!(Principal::local().expires_in(), None);
+        let past = Principal {
+            expires_at_secs: Some(1),
+            ..Principal::local()
+        };
+        assert_eq!(past.expires_in(), Some(Duration::ZERO));
+        let far = Principal {
+            expires_at_secs: Some(u64::MAX),
+            ..Principal::local()
+        };
+        assert!(far
+            .expires_in()
+            .is_some_and(|d| d > Duration::from_secs(1 << 40)));
     }
 }

@@ -1,15 +1,20 @@
-//! Who may reach a Tandem: browser origins and hosts on the upgrade, and
-//! start-up refusals (library and binary).
+//! Who may reach a Tandem, and for how long: browser origins and hosts on
+//! the upgrade, start-up refusals (library and binary), and token expiry on
+//! an open socket.
 
 mod common;
 
 use std::net::SocketAddr;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::*;
-use serde_json::Value;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
 use tandem::auth::{now_secs, Authenticator, Claims, Role};
 use tandem::Config;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::Message;
 
 const SECRET: &[u8] = b"access-test-secret-0123456789abcdef";
 
@@ -193,6 +198,71 @@ async fn the_library_refuses_to_start_unsafely() {
     .await;
     result.expect("serves");
     assert!(served);
+}
+
+/// Item 5: a socket whose token expires is closed at that moment with code
+/// 4401 and a reason; a connection with a live token is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_is_closed_when_its_token_expires() {
+    let server = TestServer::start_with(Config {
+        auth_secret: Some(SECRET.to_vec()),
+        ..Config::default()
+    })
+    .await;
+    let long = TestClient::connect(
+        &format!("{}?token={}", server.url(), token("long", now_secs() + 600)),
+        "long",
+    )
+    .await;
+    let exp = now_secs() + 2;
+    let mut req = server.url().into_client_request().expect("request");
+    req.headers_mut().insert(
+        "Authorization",
+        format!("Bearer {}", token("short", exp))
+            .parse()
+            .expect("header"),
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("a valid token is accepted");
+    ws.send(Message::text(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "short"}}).to_string(),
+    ))
+    .await
+    .expect("send");
+    let close = tokio::time::timeout(WAIT, async {
+        while let Some(msg) = ws.next().await {
+            if let Message::Close(frame) = msg.expect("frame") {
+                return frame;
+            }
+        }
+        None
+    })
+    .await
+    .expect("closed within the wait")
+    .expect("a close frame with a reason");
+    let at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    assert_eq!(close.code, CloseCode::from(4401));
+    assert_eq!(
+        close.reason.as_str(),
+        "token expired: reconnect with a fresh token"
+    );
+    assert!(at >= exp as f64 - 0.05, "closed at {at}, before exp {exp}");
+    assert!(
+        at < exp as f64 + 5.0,
+        "closed at {at}, long after exp {exp}"
+    );
+    long.client
+        .ping()
+        .await
+        .expect("the live token's socket is open");
+    // The expired token cannot come back.
+    let again = format!("{}?token={}", server.url(), token("short", exp));
+    assert_eq!(upgrade(&again, &[]).await.0, 401);
+    server.stop().await;
 }
 
 /// `tandem serve` with `envs` and `args` (in memory, loopback): its exit

@@ -182,8 +182,32 @@ pub struct Connection {
     bucket: (f64, std::time::Instant),
 }
 
+/// Longest single wait of a connection's token-expiry timer; a later expiry
+/// re-arms it, so any `exp` (even one far past what a timer holds) works.
+const MAX_EXPIRY_WAIT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+impl Connection {
+    /// Close the socket when the token expires: it was checked only at the
+    /// upgrade, and must not outlive its `exp` on an open socket.
+    fn arm_expiry(&mut self, ctx: &mut Context<Self>) {
+        let Some(left) = self.principal.expires_in() else {
+            return;
+        };
+        if left.is_zero() {
+            tracing::info!(conn = self.out.id().0, subject = %self.principal.subject, "closing: the token expired");
+            self.out.close(CloseCause::TokenExpired);
+            return;
+        }
+        ctx.run_later(left.min(MAX_EXPIRY_WAIT), |act, ctx| act.arm_expiry(ctx));
+    }
+}
+
 impl Actor for Connection {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.arm_expiry(ctx);
+    }
 
     fn stopping(&mut self, _: &mut Self::Context) -> Running {
         for uri in self.subs.drain() {
