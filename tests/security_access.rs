@@ -1,6 +1,6 @@
 //! Who may reach a Tandem, and for how long: browser origins and hosts on
-//! the upgrade, start-up refusals (library and binary), and token expiry on
-//! an open socket.
+//! the upgrade, start-up refusals (library and binary), token expiry on an
+//! open socket, and which links an agent may put in front of a person.
 
 mod common;
 
@@ -402,4 +402,182 @@ async fn an_unusable_secret_stops_the_binary_and_a_good_one_is_trimmed_alike() {
     assert_eq!(status, 101, "a token minted with the trimmed secret works");
     drop(child);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A raw JSON-RPC connection (for the provider's side of the wire).
+struct Raw {
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next_id: u64,
+    /// Messages read while looking for another one, oldest first.
+    unread: std::collections::VecDeque<Value>,
+}
+
+impl Raw {
+    async fn connect(url: &str) -> Self {
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("connect");
+        Self {
+            ws,
+            next_id: 1,
+            unread: Default::default(),
+        }
+    }
+
+    /// The first message, read or unread, that satisfies `pred`; the others
+    /// stay unread.
+    async fn until(&mut self, mut pred: impl FnMut(&Value) -> bool) -> Value {
+        if let Some(i) = self.unread.iter().position(&mut pred) {
+            return self.unread.remove(i).expect("present");
+        }
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let msg = self.ws.next().await.expect("open").expect("frame");
+                if let Message::Text(t) = msg {
+                    let v: Value = serde_json::from_str(&t).expect("JSON");
+                    if pred(&v) {
+                        return v;
+                    }
+                    self.unread.push_back(v);
+                }
+            }
+        })
+        .await
+        .expect("the message came in time")
+    }
+
+    /// Send a request and return its whole response.
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.ws
+            .send(Message::text(
+                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+                    .to_string(),
+            ))
+            .await
+            .expect("send");
+        self.until(|v| v["id"] == id).await
+    }
+}
+
+/// Item 7: an agent's link that is not an absolute http(s) URL never reaches
+/// a client — refused on `tandem/requestInteraction` (`-32602`), on a raw
+/// `chat/inputRequested`, and for the in-process agent; http(s) links pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_must_be_absolute_http_urls() {
+    let server = TestServer::start().await;
+    let mut agent = Raw::connect(&server.url()).await;
+    let init = agent
+        .call(
+            "initialize",
+            json!({"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "agent-linker"}),
+        )
+        .await;
+    assert!(init.get("result").is_some(), "{init}");
+    let reg = agent
+        .call(
+            "tandem/registerProvider",
+            json!({"channel": "ahp-root://", "provider": "linker", "displayName": "Linker"}),
+        )
+        .await;
+    assert!(reg.get("error").is_none(), "{reg}");
+
+    let mut person = server.client("person").await;
+    let session = format!("ahp-session:/{}", uuid::Uuid::new_v4());
+    let _: Value = person
+        .client
+        .request(
+            "createSession",
+            json!({"channel": session, "provider": "linker"}),
+        )
+        .await
+        .expect("createSession");
+    let chat = person
+        .subscribe_session(&session)
+        .await
+        .default_chat
+        .expect("default chat");
+    let mut mirror = person.subscribe_chat(&chat).await;
+    person.start_turn(&chat, "send me somewhere").await;
+    let turn = agent.until(|v| v["method"] == "tandem/turn").await["params"]["turnId"]
+        .as_str()
+        .expect("turn id")
+        .to_owned();
+
+    for interaction in [
+        json!({"kind": "url", "message": "Open this", "url": "javascript:alert(document.cookie)"}),
+        json!({"kind": "url", "message": "Open this", "url": "/relative"}),
+        json!({"kind": "input", "request": {"id": "r-data", "message": "Look", "url": "data:text/html,<script>alert(1)</script>"}}),
+    ] {
+        let r = agent
+            .call(
+                "tandem/requestInteraction",
+                json!({"channel": chat, "turnId": turn, "interaction": interaction}),
+            )
+            .await;
+        assert_eq!(r["error"]["code"], -32602, "{interaction}: {r}");
+        let msg = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("must be an absolute http or https URL"),
+            "{msg}"
+        );
+    }
+
+    // A provider's own `chat/inputRequested` with a bad link is rejected;
+    // one with an https link is accepted.
+    let raw = |seq: u64, id: &str, url: &str| json!({"channel": chat, "clientSeq": seq, "action": {"type": "chat/inputRequested", "request": {"id": id, "message": "Open", "url": url}}});
+    let echo_of = |seq: u64| {
+        move |v: &Value| v["method"] == "action" && v["params"]["origin"]["clientSeq"] == seq
+    };
+    agent
+        .call("dispatchAction", raw(1, "bad", "file:///etc/passwd"))
+        .await;
+    let echo = agent.until(echo_of(1)).await;
+    let reason = echo["params"]["rejectionReason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("the scheme `file:` is not allowed"),
+        "{echo}"
+    );
+    agent
+        .call("dispatchAction", raw(2, "good", "https://example.com/docs"))
+        .await;
+    let echo = agent.until(echo_of(2)).await;
+    assert!(
+        echo["params"].get("rejectionReason").is_none(),
+        "an https link is accepted: {echo}"
+    );
+    person
+        .wait_state(&mut mirror, |s| {
+            open_request_id(s).as_deref() == Some("good")
+        })
+        .await;
+
+    // The in-process agent's request settles `aborted` with the rule.
+    let (_s, scripted) = person.create_session().await;
+    let mut m = person.subscribe_chat(&scripted).await;
+    person
+        .start_turn(
+            &scripted,
+            r#"/ask {"message": "go", "url": "javascript:alert(1)"}"#,
+        )
+        .await;
+    person
+        .wait_state(&mut m, |s| s.active_turn.is_none() && !s.turns.is_empty())
+        .await;
+    let report = last_turn_markdown(&m.state).join("\n");
+    assert!(
+        report.starts_with("settled: aborted")
+            && report.contains("must be an absolute http or https URL"),
+        "{report}"
+    );
+    assert!(
+        open_request_id(&m.state).is_none(),
+        "no link was offered to anyone"
+    );
+    server.stop().await;
 }

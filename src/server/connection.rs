@@ -702,6 +702,10 @@ impl Connection {
         let interaction: crate::interactions::Interaction =
             serde_json::from_value(p.interaction)
                 .map_err(|e| RpcError::invalid_params(format!("invalid `interaction`: {e}")))?;
+        if let Some(url) = interaction.url() {
+            crate::interactions::link::check(url)
+                .map_err(|e| RpcError::invalid_params(e.to_string()))?;
+        }
         if let crate::interactions::Interaction::Form { schema, .. } = &interaction {
             crate::interactions::form::questions(schema).map_err(|e| {
                 RpcError::invalid_params(format!("the form schema is not supported: {e}"))
