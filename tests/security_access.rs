@@ -301,6 +301,15 @@ async fn serve_binary(
     ))
 }
 
+/// A start of the binary with a bad secret: (what, environment, arguments,
+/// the message it must exit with).
+type SecretCase<'a> = (
+    &'a str,
+    Vec<(&'a str, &'a std::ffi::OsStr)>,
+    Vec<&'a std::ffi::OsStr>,
+    &'a str,
+);
+
 /// Item 6: a secret that is set but unusable stops the binary with a message
 /// naming it; a secret is used byte for byte, trailing whitespace trimmed
 /// alike from the variable and the file.
@@ -310,12 +319,7 @@ async fn an_unusable_secret_stops_the_binary_and_a_good_one_is_trimmed_alike() {
     let dir = temp_dir("secrets");
     let binary_short = dir.join("six-bytes");
     std::fs::write(&binary_short, [0xff; 6]).expect("write");
-    let cases: Vec<(
-        &str,
-        Vec<(&str, &std::ffi::OsStr)>,
-        Vec<&std::ffi::OsStr>,
-        &str,
-    )> = vec![
+    let cases: Vec<SecretCase> = vec![
         (
             "empty variable",
             vec![(tandem::auth::SECRET_ENV, std::ffi::OsStr::new(""))],
@@ -454,8 +458,7 @@ impl Raw {
         self.next_id += 1;
         self.ws
             .send(Message::text(
-                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-                    .to_string(),
+                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
             ))
             .await
             .expect("send");
