@@ -18,9 +18,9 @@
 //!    On any other bind a token is mandatory, and the server cannot know the
 //!    names it is reached by, so `Host` is accepted as it comes.
 //!
-//! An allowed origin's host and port also count as this server's `Host` for
-//! rule 3, so a reverse proxy or a tunnel that keeps its public name works
-//! once its origin is allowed.
+//! Behind a reverse proxy, or through a tunnel on another port, the page's
+//! origin is the public one and `Host` is not a loopback name with our port:
+//! the operator allows that origin (rule 1), and nothing else changes.
 //!
 //! Clients without `Origin` (the official `ahp` client, IDEs, scripts) are
 //! not browsers and are unaffected. The static routes (`/`, the client's
