@@ -5,9 +5,17 @@
 //! with HS256 that names a role, an expiry, and optionally the sessions it may
 //! use. Without a secret the server trusts its callers — and so only listens
 //! on loopback.
+//!
+//! The secret is used as raw bytes. A secret that is set but unusable
+//! (empty, too short, an environment variable that is not UTF-8) stops the
+//! server from starting: silently serving without authentication, or with a
+//! weaker key than the operator meant, is worse than not serving.
 
 use std::collections::HashSet;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ahp_types::actions::StateAction;
 use ahp_types::state::PendingMessageKind;
@@ -49,6 +57,11 @@ pub struct Principal {
     pub role: Role,
     /// Sessions it may use; `None` means any.
     pub sessions: Option<Arc<HashSet<String>>>,
+    /// When its token expires, seconds since the Unix epoch (`None`: never,
+    /// as without authentication). An open socket is closed at that moment:
+    /// a token checked only at the upgrade would otherwise live as long as
+    /// the connection.
+    pub expires_at_secs: Option<u64>,
 }
 
 impl Principal {
@@ -58,7 +71,20 @@ impl Principal {
             subject: "local".into(),
             role: Role::Admin,
             sessions: None,
+            expires_at_secs: None,
         }
+    }
+
+    /// Time left until its token expires (zero once it has); `None` when it
+    /// never does.
+    pub fn expires_in(&self) -> Option<Duration> {
+        let exp = self.expires_at_secs?;
+        let at = UNIX_EPOCH.checked_add(Duration::from_secs(exp));
+        Some(match at {
+            Some(at) => at.duration_since(SystemTime::now()).unwrap_or_default(),
+            // Beyond what the clock can represent: as good as never.
+            None => Duration::MAX,
+        })
     }
 
     /// May it see and act on session `uri`?
@@ -145,6 +171,104 @@ pub enum AuthError {
     Invalid(String),
 }
 
+/// The shortest secret accepted, in bytes: RFC 7518 §3.2 requires an HS256
+/// key of at least the hash's size (256 bits).
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// The environment variable that may hold the secret.
+pub const SECRET_ENV: &str = "TANDEM_AUTH_SECRET";
+
+/// Where a secret came from (named in errors so the operator knows what to fix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// `--auth-secret-file`.
+    File(PathBuf),
+    /// [`SECRET_ENV`].
+    Env,
+    /// Handed to the library in `Config::auth_secret`.
+    Config,
+}
+
+impl std::fmt::Display for SecretSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SecretSource::File(p) => write!(f, "the secret file {}", p.display()),
+            SecretSource::Env => write!(f, "{SECRET_ENV}"),
+            SecretSource::Config => write!(f, "the configured auth secret"),
+        }
+    }
+}
+
+/// Why a secret that is set cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    /// The file could not be read.
+    #[error("cannot read the secret file {path}: {reason}")]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        reason: String,
+    },
+    /// Set, but nothing (or only whitespace) in it.
+    #[error("{0} is set but empty: give a secret of at least {MIN_SECRET_BYTES} bytes, or unset it to run without authentication on loopback")]
+    Empty(SecretSource),
+    /// The environment variable is not UTF-8 (use a file for a binary secret).
+    #[error("{0} is not valid UTF-8: put a binary secret in a file and pass --auth-secret-file")]
+    NotUtf8(SecretSource),
+    /// Shorter than [`MIN_SECRET_BYTES`].
+    #[error("{from} holds {len} bytes; a secret must be at least {MIN_SECRET_BYTES} bytes (e.g. `head -c 32 /dev/urandom | base64`)")]
+    TooShort {
+        /// Where it came from.
+        from: SecretSource,
+        /// Its length after trimming.
+        len: usize,
+    },
+    /// The JWT library would not make a key of it.
+    #[error("the secret cannot be used as an HS256 key: {0}")]
+    Refused(String),
+}
+
+/// A secret as given, minus trailing ASCII whitespace (a file written by
+/// `echo` ends with a newline, and an exported variable may too), checked
+/// for length. Only the end is trimmed, and the same way for every source,
+/// so the file and the variable holding the same text give the same key.
+pub fn clean_secret(raw: &[u8], source: SecretSource) -> Result<Vec<u8>, SecretError> {
+    let bytes = raw.trim_ascii_end();
+    if bytes.is_empty() {
+        return Err(SecretError::Empty(source));
+    }
+    if bytes.len() < MIN_SECRET_BYTES {
+        return Err(SecretError::TooShort {
+            from: source,
+            len: bytes.len(),
+        });
+    }
+    Ok(bytes.to_vec())
+}
+
+/// The secret from `file` if given, else from the value of [`SECRET_ENV`]
+/// (`env`, `None` when unset). `Ok(None)`: no secret at all.
+pub fn load_secret(
+    file: Option<&Path>,
+    env: Option<OsString>,
+) -> Result<Option<Vec<u8>>, SecretError> {
+    if let Some(path) = file {
+        let raw = std::fs::read(path).map_err(|e| SecretError::Unreadable {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        return clean_secret(&raw, SecretSource::File(path.to_owned())).map(Some);
+    }
+    let Some(value) = env else {
+        return Ok(None);
+    };
+    let value = value
+        .into_string()
+        .map_err(|_| SecretError::NotUtf8(SecretSource::Env))?;
+    clean_secret(value.as_bytes(), SecretSource::Env).map(Some)
+}
+
 /// Verifies (and mints) tokens with one shared secret.
 pub struct Authenticator {
     decoding: DecodingKey,
@@ -152,17 +276,19 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    /// Keys from the shared secret (at least 16 bytes).
-    pub fn new(secret: &[u8]) -> Result<Self, AuthError> {
-        if secret.len() < 16 {
-            return Err(AuthError::Invalid(
-                "the secret must be at least 16 bytes".into(),
-            ));
+    /// Keys from the shared secret, used byte for byte (at least
+    /// [`MIN_SECRET_BYTES`]).
+    pub fn new(secret: &[u8]) -> Result<Self, SecretError> {
+        if secret.len() < MIN_SECRET_BYTES {
+            return Err(SecretError::TooShort {
+                from: SecretSource::Config,
+                len: secret.len(),
+            });
         }
-        let bad = |e: jsonwebtoken::errors::Error| AuthError::Invalid(e.to_string());
+        let refused = |e: jsonwebtoken::errors::Error| SecretError::Refused(e.to_string());
         Ok(Self {
-            decoding: DecodingKey::from_secret(secret).map_err(bad)?,
-            encoding: EncodingKey::from_secret(secret).map_err(bad)?,
+            decoding: DecodingKey::from_secret(secret).map_err(refused)?,
+            encoding: EncodingKey::from_secret(secret).map_err(refused)?,
         })
     }
 
@@ -176,6 +302,10 @@ impl Authenticator {
     pub fn verify(&self, token: &str) -> Result<Principal, AuthError> {
         let mut v = Validation::new(Algorithm::HS256);
         v.leeway = 0;
+        // RFC 7519: `exp` is the time "on or after which" the token must not
+        // be accepted (the library alone accepts it during that second), and
+        // the moment an open socket is closed.
+        v.reject_tokens_expiring_in_less_than = 1;
         v.set_required_spec_claims(&["exp", "sub"]);
         let data = decode::<Claims>(token, &self.decoding, &v).map_err(|e| match e.kind() {
             jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
@@ -186,6 +316,7 @@ impl Authenticator {
             subject: c.sub,
             role: c.role,
             sessions: c.sessions.map(|s| Arc::new(s.into_iter().collect())),
+            expires_at_secs: Some(c.exp),
         })
     }
 }
@@ -244,6 +375,7 @@ mod tests {
             subject: subject.into(),
             role,
             sessions: None,
+            expires_at_secs: None,
         };
         assert!(who("alice", Role::Agent).may_take_over_provider("alice"));
         assert!(!who("mallory", Role::Agent).may_take_over_provider("alice"));
@@ -280,11 +412,115 @@ mod tests {
             .mint(&claims(Role::Agent, now_secs() - 10, None))
             .expect("mint");
         assert_eq!(a.verify(&old), Err(AuthError::Expired));
+        let now = a
+            .mint(&claims(Role::Agent, now_secs(), None))
+            .expect("mint");
+        assert_eq!(a.verify(&now), Err(AuthError::Expired), "on `exp` itself");
         let forged = Authenticator::new(b"another-secret-of-enough-length!")
             .expect("key")
             .mint(&claims(Role::Admin, now_secs() + 60, None))
             .expect("mint");
         assert!(matches!(a.verify(&forged), Err(AuthError::Invalid(_))));
         assert!(matches!(a.verify("not.a.jwt"), Err(AuthError::Invalid(_))));
+    }
+
+    fn temp_file(bytes: &[u8]) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("tandem-secret-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&p, bytes).expect("write the secret file");
+        p
+    }
+
+    #[test]
+    fn secrets_are_raw_bytes_trimmed_only_at_the_end_alike_from_both_sources() {
+        let text = "0123456789abcdef0123456789abcdef";
+        let file = temp_file(format!("{text}\n").as_bytes());
+        let from_file = load_secret(Some(&file), None).expect("file secret");
+        let from_env = load_secret(None, Some(format!("{text} \r\n").into())).expect("env");
+        assert_eq!(from_file.as_deref(), Some(text.as_bytes()));
+        assert_eq!(from_file, from_env, "the same text gives the same key");
+        // Leading whitespace is part of the secret.
+        let lead = load_secret(None, Some(format!(" {text}").into())).expect("env");
+        assert_eq!(lead.map(|s| s.len()), Some(33));
+        // Two binary secrets stay distinct (a lossy UTF-8 conversion made
+        // both the same run of U+FFFD).
+        let (a, b) = (temp_file(&[0xff; 32]), temp_file(&[0xfe; 32]));
+        let (ka, kb) = (
+            load_secret(Some(&a), None).expect("binary a"),
+            load_secret(Some(&b), None).expect("binary b"),
+        );
+        assert_eq!(ka.as_deref(), Some(&[0xff; 32][..]));
+        assert_ne!(ka, kb);
+        for f in [file, a, b] {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+
+    #[test]
+    fn a_set_but_unusable_secret_is_an_error_not_no_auth() {
+        assert_eq!(load_secret(None, None), Ok(None), "unset: no auth");
+        assert_eq!(
+            load_secret(None, Some("".into())),
+            Err(SecretError::Empty(SecretSource::Env))
+        );
+        assert_eq!(
+            load_secret(None, Some(" \n".into())),
+            Err(SecretError::Empty(SecretSource::Env))
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStringExt;
+            let binary = OsString::from_vec(vec![0xff; 40]);
+            assert_eq!(
+                load_secret(None, Some(binary)),
+                Err(SecretError::NotUtf8(SecretSource::Env))
+            );
+        }
+        assert_eq!(
+            load_secret(None, Some("x".repeat(MIN_SECRET_BYTES - 1).into())),
+            Err(SecretError::TooShort {
+                from: SecretSource::Env,
+                len: MIN_SECRET_BYTES - 1
+            })
+        );
+        let short = temp_file(&[0xff; 6]);
+        let err = load_secret(Some(&short), None).expect_err("6 bytes");
+        assert!(
+            matches!(err, SecretError::TooShort { len: 6, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("at least 32 bytes"), "{err}");
+        let _ = std::fs::remove_file(short);
+        let missing = std::env::temp_dir().join("tandem-no-such-secret-file");
+        assert!(matches!(
+            load_secret(Some(&missing), Some("y".repeat(40).into())),
+            Err(SecretError::Unreadable { .. })
+        ));
+        assert!(Authenticator::new(&[b'k'; MIN_SECRET_BYTES - 1]).is_err());
+        assert!(Authenticator::new(&[b'k'; MIN_SECRET_BYTES]).is_ok());
+    }
+
+    #[test]
+    fn a_principal_knows_when_its_token_expires() {
+        let a = Authenticator::new(b"a-test-secret-of-32-bytes-length").expect("key");
+        let exp = now_secs() + 100;
+        let p = a
+            .verify(&a.mint(&claims(Role::Client, exp, None)).expect("mint"))
+            .expect("valid");
+        assert_eq!(p.expires_at_secs, Some(exp));
+        let left = p.expires_in().expect("expires");
+        assert!(left > Duration::from_secs(98) && left <= Duration::from_secs(100));
+        assert_eq!(Principal::local().expires_in(), None);
+        let past = Principal {
+            expires_at_secs: Some(1),
+            ..Principal::local()
+        };
+        assert_eq!(past.expires_in(), Some(Duration::ZERO));
+        let far = Principal {
+            expires_at_secs: Some(u64::MAX),
+            ..Principal::local()
+        };
+        assert!(far
+            .expires_in()
+            .is_some_and(|d| d > Duration::from_secs(1 << 40)));
     }
 }

@@ -8,8 +8,14 @@ use crate::store::Durability;
 /// How the server runs. `Default` is what `tandem serve` uses without flags.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// HS256 secret for bearer tokens; `None` accepts everyone (loopback only).
+    /// HS256 secret for bearer tokens, used byte for byte (at least
+    /// [`crate::auth::MIN_SECRET_BYTES`]; the server refuses to start with a
+    /// shorter one); `None` accepts everyone (loopback only).
     pub auth_secret: Option<Vec<u8>>,
+    /// Web origins (`scheme://host[:port]`) besides the server's own whose
+    /// pages may open `/ahp` (other front ends, a reverse proxy's public
+    /// name); see `server::access`.
+    pub allowed_origins: Vec<String>,
     /// Limits.
     pub limits: Limits,
     /// Where the SQLite store lives; `None` keeps everything in memory.
@@ -144,6 +150,7 @@ impl Default for Config {
             .unwrap_or(2);
         Self {
             auth_secret: None,
+            allowed_origins: Vec::new(),
             limits: Limits::default(),
             data_dir: None,
             durability: Durability::Full,

@@ -28,25 +28,21 @@ enum Command {
 
 #[derive(clap::Args, Clone)]
 struct SecretArgs {
-    /// File holding the HS256 secret for bearer tokens (at least 16 bytes).
-    /// Also read from `TANDEM_AUTH_SECRET`. Without a secret the server
-    /// accepts unauthenticated connections and only listens on loopback.
+    /// File holding the HS256 secret for bearer tokens: its bytes as they
+    /// are (binary is fine) minus trailing whitespace, at least 32 bytes.
+    /// Otherwise read from `TANDEM_AUTH_SECRET` (UTF-8, same rules). A set
+    /// but unusable secret is an error. Without a secret the server accepts
+    /// unauthenticated connections and only listens on loopback.
     #[arg(long)]
     auth_secret_file: Option<std::path::PathBuf>,
 }
 
 impl SecretArgs {
     fn secret(&self) -> anyhow::Result<Option<Vec<u8>>> {
-        if let Some(path) = &self.auth_secret_file {
-            let s = std::fs::read(path)
-                .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-            let trimmed = String::from_utf8_lossy(&s).trim().as_bytes().to_vec();
-            return Ok(Some(trimmed));
-        }
-        Ok(std::env::var("TANDEM_AUTH_SECRET")
-            .ok()
-            .filter(|s| !s.is_empty())
-            .map(String::into_bytes))
+        Ok(tandem::auth::load_secret(
+            self.auth_secret_file.as_deref(),
+            std::env::var_os(tandem::auth::SECRET_ENV),
+        )?)
     }
 }
 
@@ -72,6 +68,11 @@ struct TokenArgs {
 struct ServeArgs {
     #[command(flatten)]
     secret: SecretArgs,
+    /// A web origin (`scheme://host[:port]`) besides the server's own whose
+    /// pages may open /ahp: another front end, or a reverse proxy's or
+    /// tunnel's public name. Repeatable.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
     /// Address to listen on.
     #[arg(long, env = "TANDEM_BIND", default_value = "127.0.0.1:7420")]
     bind: SocketAddr,
@@ -188,15 +189,6 @@ fn serve() -> anyhow::Result<()> {
         None => cli.serve,
     };
     let secret = args.secret.secret()?;
-    if secret.is_none() && !args.bind.ip().is_loopback() {
-        anyhow::bail!(
-            "refusing to listen on {} without authentication: set --auth-secret-file or TANDEM_AUTH_SECRET, or bind to loopback",
-            args.bind
-        );
-    }
-    if let Some(s) = &secret {
-        tandem::auth::Authenticator::new(s).map_err(|e| anyhow::anyhow!("{e}"))?;
-    }
     let config = Config {
         limits: tandem::Limits {
             max_connections: args.max_connections,
@@ -221,6 +213,7 @@ fn serve() -> anyhow::Result<()> {
             requests_per_sec: args.requests_per_sec,
         },
         auth_secret: secret,
+        allowed_origins: args.allowed_origins.clone(),
         data_dir: (!args.in_memory).then(|| args.data_dir.clone()),
         durability: args.durability,
         replay_ring_len: args.replay_ring_len,
@@ -231,6 +224,8 @@ fn serve() -> anyhow::Result<()> {
         max_frame_bytes: args.max_frame_bytes,
         ..Config::default()
     };
+    // The same checks `run` makes, before a store is opened or a port bound.
+    tandem::server::check_config(&config, args.bind)?;
     let journal: std::sync::Arc<dyn tandem::store::Journal> = match &config.data_dir {
         Some(dir) => std::sync::Arc::new(
             tandem::store::SqliteJournal::open(dir, config.durability)
@@ -281,7 +276,7 @@ fn mint(t: TokenArgs) -> anyhow::Result<()> {
     let secret = t.secret.secret()?.ok_or_else(|| {
         anyhow::anyhow!("no secret: set --auth-secret-file or TANDEM_AUTH_SECRET")
     })?;
-    let auth = tandem::auth::Authenticator::new(&secret).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let auth = tandem::auth::Authenticator::new(&secret)?;
     let claims = tandem::auth::Claims {
         sub: t.subject,
         role: t.role,

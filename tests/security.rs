@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use tandem::auth::{now_secs, Authenticator, Claims, Role};
 use tandem::{Config, Limits};
 
-const SECRET: &[u8] = b"security-test-secret-0123456789";
+const SECRET: &[u8] = b"security-test-secret-0123456789abcdef";
 
 fn token(sub: &str, role: Role, sessions: Option<Vec<&str>>, ttl: i64) -> String {
     Authenticator::new(SECRET)
@@ -75,7 +75,7 @@ async fn upgrades_need_a_valid_token() {
         401,
         "expired"
     );
-    let forged = Authenticator::new(b"some-other-secret-0123456789")
+    let forged = Authenticator::new(b"some-other-secret-0123456789abcdefgh")
         .expect("key")
         .mint(&Claims {
             sub: "a".into(),

@@ -17,6 +17,9 @@ export const ROOT = 'ahp-root://';
 const PROTOCOL_VERSIONS = ['1.0.0'];
 const REQUEST_TIMEOUT_MS = 20000;
 const BACKOFF_MS = [200, 500, 1000, 2000, 4000];
+// The server closes a socket with this code when its token expires
+// (src/server/socket.rs TOKEN_EXPIRED_CLOSE_CODE).
+const TOKEN_EXPIRED_CLOSE = 4401;
 
 /** A v4 UUID; `crypto.randomUUID` exists only in secure contexts. */
 export function uuid() {
@@ -77,7 +80,7 @@ export class AhpClient extends EventTarget {
     this.ws = ws;
     ws.onopen = () => this.handshake(ws);
     ws.onmessage = (ev) => this.onMessage(ev.data);
-    ws.onclose = () => this.onClose(ws);
+    ws.onclose = (ev) => this.onClose(ws, ev);
     ws.onerror = () => { /* onclose follows */ };
   }
 
@@ -163,7 +166,7 @@ export class AhpClient extends EventTarget {
     for (const w of waiting) w();
   }
 
-  onClose(ws) {
+  onClose(ws, ev) {
     if (ws !== this.ws) return;
     this.ws = null;
     for (const [, r] of this.requests) {
@@ -174,6 +177,11 @@ export class AhpClient extends EventTarget {
     for (const p of this.pending) p.sent = false;
     if (!this.initialized && this.onFirstReady) {
       // Never got going: keep trying, the page shows "connecting".
+    }
+    if (ev?.code === TOKEN_EXPIRED_CLOSE) {
+      // The same token would be refused: wait for a page with a fresh one.
+      this.setStatus('expired');
+      return;
     }
     this.setStatus(this.hold ? 'offline' : 'reconnecting');
     if (!this.hold) this.scheduleReconnect();

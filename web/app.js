@@ -64,7 +64,7 @@ document.getElementById('app').replaceChildren(
   viewEl,
   toastsEl);
 
-const CONN_LABEL = { connecting: 'Connecting…', live: 'Live', reconnecting: 'Reconnecting…', offline: 'Offline' };
+const CONN_LABEL = { connecting: 'Connecting…', live: 'Live', reconnecting: 'Reconnecting…', offline: 'Offline', expired: 'Token expired — open the page with a fresh token' };
 client.addEventListener('status', (e) => {
   connEl.dataset.conn = e.detail.status;
   setText(connEl, CONN_LABEL[e.detail.status] ?? e.detail.status);

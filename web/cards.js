@@ -6,7 +6,7 @@
 
 import { h, setChildren, setText } from './dom.js';
 import { inline, escapeHtml } from './markdown.js';
-import { checkAnswer, checkAccept, formatHint, ruleHint } from './validate.js';
+import { checkAnswer, checkAccept, formatHint, linkTarget, ruleHint } from './validate.js';
 
 const DRAFT_DEBOUNCE_MS = 150;
 
@@ -340,13 +340,19 @@ export class InputRequestCard {
   }
 
   buildUrl(url) {
-    let host = url;
-    try { host = new URL(url).host || url; } catch { /* not a URL; show as is */ }
+    const target = linkTarget(url);
+    if (!target.href) {
+      // Never a link: shown as text, with why.
+      return h('div', { class: 'url-block' },
+        h('div', { class: 'url-row url-unsafe' }, h('span', { class: 'url-text', title: url }, url)),
+        h('div', { class: 'url-warning', role: 'alert' }, `Not opened as a link: ${target.problem}. Only http and https links are offered.`));
+    }
+    const { href, host } = target;
     const confirmRow = h('div', { class: 'url-confirm', hidden: true },
-      h('span', null, 'Open ', h('strong', null, host), ' in a new tab? Only continue if you trust this link.'),
+      h('span', null, 'Open ', h('strong', { class: 'url-confirm-host' }, host), ' in a new tab? Only continue if you trust this site.'),
       h('span', { class: 'url-confirm-actions' },
         h('a', {
-          class: 'btn btn-primary btn-small', href: url, target: '_blank', rel: 'noopener noreferrer', 'data-action': 'open-url',
+          class: 'btn btn-primary btn-small', href, target: '_blank', rel: 'noopener noreferrer', 'data-action': 'open-url',
           onclick: () => { confirmRow.hidden = true; opened.hidden = false; openBtn.hidden = true; },
         }, 'Open'),
         h('button', { class: 'btn btn-small', type: 'button', onclick: () => { confirmRow.hidden = true; openBtn.hidden = false; } }, 'Back')));
@@ -355,8 +361,9 @@ export class InputRequestCard {
       class: 'btn btn-small', type: 'button', 'data-action': 'review-url',
       onclick: () => { confirmRow.hidden = false; openBtn.hidden = true; },
     }, 'Open link…');
+    // The host first and bold: where the link really goes, whatever the path says.
     return h('div', { class: 'url-block' },
-      h('div', { class: 'url-row' }, h('span', { class: 'url-text', title: url }, url), openBtn),
+      h('div', { class: 'url-row' }, h('strong', { class: 'url-host' }, host), h('span', { class: 'url-text', title: url }, url), openBtn),
       confirmRow, opened);
   }
 

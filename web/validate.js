@@ -163,3 +163,23 @@ export function ruleHint(q) {
       return '';
   }
 }
+
+/**
+ * Whether an agent's `url` may become a link, by the server's rule
+ * (src/interactions/link.rs): an absolute http(s) URL with a host and no user
+ * name or password. A `javascript:` or `data:` link would run in this page,
+ * which holds the session and its token. Returns `{ href, host }` for a link,
+ * or `{ problem }` to show the URL as text with a warning.
+ */
+export function linkTarget(url) {
+  let u;
+  try {
+    u = new URL(url);
+  } catch {
+    return { problem: 'not an absolute URL' };
+  }
+  if (u.protocol !== 'http:' && u.protocol !== 'https:') return { problem: `the scheme ${u.protocol} is not allowed` };
+  if (!u.host) return { problem: 'it has no host' };
+  if (u.username || u.password) return { problem: 'it carries a user name or password' };
+  return { href: u.href, host: u.host };
+}

@@ -30,7 +30,7 @@ use super::session::{
 };
 use super::validate::{self, Rejection};
 use super::{ClientDispatch, SnapshotJson, Subscribe};
-use crate::interactions::{form, tool_options, Interaction, Outcome, Settlement};
+use crate::interactions::{form, link, tool_options, Interaction, Outcome, Settlement};
 use crate::protocol::RpcError;
 use crate::providers::{AgentTurn, ChatHandle};
 use crate::publish::{Hub, Outbound};
@@ -733,6 +733,10 @@ impl ChatActor {
             ));
             return;
         }
+        if let Some(Err(e)) = request.url.as_deref().map(link::check) {
+            let _ = reply.send(Settlement::with_reason(Outcome::Aborted, e.to_string()));
+            return;
+        }
         let max = self.core.shared.config.limits.max_questions_per_request;
         let asked = request.questions.as_ref().map_or(0, Vec::len);
         if asked > max {
@@ -925,6 +929,11 @@ impl ChatActor {
                 validate::action_type(&action)
             ));
             return refuse(self, &origin, done, &action, r);
+        }
+        if let StateAction::ChatInputRequested(r) = &action {
+            if let Some(Err(e)) = r.request.url.as_deref().map(link::check) {
+                return refuse(self, &origin, done, &action, Rejection::new(e.to_string()));
+            }
         }
         // Default safety: an agent may not confirm a tool that changes data on
         // its own; only read-only tools, the session's mode or a grant can.

@@ -38,19 +38,18 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Assemble the context. `arbiters` are the threads actors are spread on.
+    /// Assemble the context. `auth` verifies tokens (built from
+    /// `config.auth_secret` by the start-up checks, which refuse a secret
+    /// that makes no key); `arbiters` are the threads actors are spread on.
     pub fn new(
         config: Config,
+        auth: Option<crate::auth::Authenticator>,
         journal: Arc<dyn Journal>,
         providers: Providers,
         arbiters: Vec<ArbiterHandle>,
         start_seq: u64,
     ) -> Self {
         let reserving = journal.clone();
-        let auth = config
-            .auth_secret
-            .as_deref()
-            .and_then(|s| crate::auth::Authenticator::new(s).ok());
         Self {
             publisher: Publisher::with_reserver(
                 start_seq,

@@ -3,6 +3,7 @@
 //! parts and tool-call states and settles it exactly once (invariant 3).
 
 pub mod form;
+pub mod link;
 
 use std::collections::BTreeMap;
 
@@ -55,6 +56,17 @@ pub enum Interaction {
         #[serde(default)]
         editable: bool,
     },
+}
+
+impl Interaction {
+    /// The link it asks a person to open, if any (checked by [`link::check`]).
+    pub fn url(&self) -> Option<&str> {
+        match self {
+            Interaction::Input { request, .. } => request.url.as_deref(),
+            Interaction::Url { url, .. } => Some(url),
+            Interaction::Form { .. } | Interaction::ToolApproval { .. } => None,
+        }
+    }
 }
 
 /// How an interaction ended.

@@ -53,6 +53,8 @@ pub enum CloseCause {
     ClientClosed(Option<u16>),
     /// The server is going away.
     Shutdown,
+    /// The connection's token expired while it was open.
+    TokenExpired,
 }
 
 /// One queued frame.

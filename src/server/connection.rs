@@ -45,6 +45,17 @@ pub async fn ahp_ws(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
     let shared = &state.shared;
+    let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    if let Err(e) = state.origins.check(
+        header(actix_web::http::header::ORIGIN),
+        header(actix_web::http::header::HOST),
+    ) {
+        return Ok(refuse(
+            StatusCode::FORBIDDEN,
+            errors::PERMISSION_DENIED,
+            &e.to_string(),
+        ));
+    }
     let principal = match &shared.auth {
         None => Principal::local(),
         Some(auth) => match bearer_token(&req)
@@ -186,8 +197,32 @@ pub struct Connection {
     budget: crate::rate::DispatchBudget,
 }
 
+/// Longest single wait of a connection's token-expiry timer; a later expiry
+/// re-arms it, so any `exp` (even one far past what a timer holds) works.
+const MAX_EXPIRY_WAIT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+impl Connection {
+    /// Close the socket when the token expires: it was checked only at the
+    /// upgrade, and must not outlive its `exp` on an open socket.
+    fn arm_expiry(&mut self, ctx: &mut Context<Self>) {
+        let Some(left) = self.principal.expires_in() else {
+            return;
+        };
+        if left.is_zero() {
+            tracing::info!(conn = self.out.id().0, subject = %self.principal.subject, "closing: the token expired");
+            self.out.close(CloseCause::TokenExpired);
+            return;
+        }
+        ctx.run_later(left.min(MAX_EXPIRY_WAIT), |act, ctx| act.arm_expiry(ctx));
+    }
+}
+
 impl Actor for Connection {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.arm_expiry(ctx);
+    }
 
     fn stopping(&mut self, _: &mut Self::Context) -> Running {
         for uri in self.subs.drain() {
@@ -857,6 +892,10 @@ impl Connection {
         let interaction: crate::interactions::Interaction =
             serde_json::from_value(p.interaction)
                 .map_err(|e| RpcError::invalid_params(format!("invalid `interaction`: {e}")))?;
+        if let Some(url) = interaction.url() {
+            crate::interactions::link::check(url)
+                .map_err(|e| RpcError::invalid_params(e.to_string()))?;
+        }
         let asked = match &interaction {
             crate::interactions::Interaction::Form { schema, .. } => {
                 crate::interactions::form::questions(schema)

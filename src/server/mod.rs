@@ -1,18 +1,22 @@
 //! The actix-web application: `/ahp` (WebSocket), `/healthz`, and the
 //! embedded browser client at `/`.
 
+pub mod access;
 pub mod connection;
 mod socket;
 #[path = "web.rs"]
 pub mod web_ui;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use actix::prelude::*;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
 
+use self::access::{OriginConfigError, OriginPolicy};
+use crate::auth::{Authenticator, SecretError};
 use crate::channels::core::Shared;
 use crate::channels::recovery::Restore;
 use crate::channels::registry::{Channel, ChannelAddr};
@@ -31,6 +35,48 @@ pub struct AppState {
     pub shared: Arc<Shared>,
     /// The root actor (session lifecycle).
     pub root: Addr<RootActor>,
+    /// Which web pages may open `/ahp`.
+    pub origins: Arc<OriginPolicy>,
+}
+
+/// Why a server refuses to start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A secret is configured but cannot be used.
+    #[error("{0}")]
+    Secret(#[from] SecretError),
+    /// No secret, and an address others can reach.
+    #[error("refusing to serve on {0} without authentication: set a secret (--auth-secret-file or TANDEM_AUTH_SECRET), or bind to loopback")]
+    Unauthenticated(SocketAddr),
+    /// An unusable `--allowed-origin`.
+    #[error("{0}")]
+    Origin(#[from] OriginConfigError),
+}
+
+/// What the start-up checks yield.
+pub struct Checked {
+    /// The token verifier, when a secret is configured.
+    pub auth: Option<Authenticator>,
+    /// The `Origin`/`Host` rules for `/ahp`.
+    pub origins: OriginPolicy,
+}
+
+/// Check that `config` may be served on `addr`, before anything listens:
+/// the secret, when set, must make a key (never silently no authentication);
+/// without one only loopback is allowed, since everyone who can connect is
+/// then an admin; every allowed origin must parse. `main` calls it before
+/// binding, and [`run`] again, so a library caller gets the same guarantees.
+pub fn check_config(config: &Config, addr: SocketAddr) -> Result<Checked, StartError> {
+    let auth = config
+        .auth_secret
+        .as_deref()
+        .map(Authenticator::new)
+        .transpose()?;
+    if auth.is_none() && !addr.ip().is_loopback() {
+        return Err(StartError::Unauthenticated(addr));
+    }
+    let origins = OriginPolicy::new(addr, &config.allowed_origins)?;
+    Ok(Checked { auth, origins })
 }
 
 async fn healthz(state: web::Data<AppState>) -> HttpResponse {
@@ -83,6 +129,11 @@ pub async fn run<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    // Refuse a bad configuration before creating a store for it.
+    check_config(
+        &config,
+        listener.local_addr().context("reading the bound address")?,
+    )?;
     let journal: Arc<dyn Journal> = match &config.data_dir {
         Some(dir) => Arc::new(
             SqliteJournal::open(dir, config.durability)
@@ -104,6 +155,9 @@ pub async fn run_with_journal<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let Checked { auth, origins } = check_config(&config, addr)?;
+    let origins = Arc::new(origins);
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let store = journal.clone();
     let thread = std::thread::Builder::new()
@@ -124,6 +178,7 @@ where
                 providers.restore_owners(std::mem::take(&mut recovered.provider_owners));
                 let shared = Arc::new(Shared::new(
                     config.clone(),
+                    auth,
                     journal,
                     providers,
                     arbiters.iter().map(Arbiter::handle).collect(),
@@ -158,6 +213,7 @@ where
                 let state = AppState {
                     shared: shared.clone(),
                     root,
+                    origins,
                 };
                 let idle_timeout = config.idle_timeout;
                 let server = HttpServer::new(move || {

@@ -38,6 +38,14 @@ use crate::publish::outbound::{Beat, CloseCause, Frame, Outbound, Take, Taken};
 /// such as Chromium fail the connection on longer ones).
 const MAX_CLOSE_REASON: usize = 123;
 
+/// The close code for an expired token: in the range RFC 6455 leaves to
+/// applications, and mirroring HTTP 401 so a client can tell it from other
+/// policy closes (1008) — reconnecting with the same token would be refused.
+pub const TOKEN_EXPIRED_CLOSE_CODE: u16 = 4401;
+
+/// The close reason sent with [`TOKEN_EXPIRED_CLOSE_CODE`].
+pub const TOKEN_EXPIRED_REASON: &str = "token expired: reconnect with a fresh token";
+
 /// Whether a close code may be sent (1005, 1006, 1015 and unassigned ranges
 /// may not).
 fn sendable(code: u16) -> bool {
@@ -63,6 +71,10 @@ pub fn close_reason(cause: &CloseCause) -> CloseReason {
         }
         CloseCause::ClientClosed(_) => (CloseCode::Normal, String::new()),
         CloseCause::Shutdown => (CloseCode::Away, "server shutting down".to_owned()),
+        CloseCause::TokenExpired => (
+            CloseCode::Other(TOKEN_EXPIRED_CLOSE_CODE),
+            TOKEN_EXPIRED_REASON.to_owned(),
+        ),
     };
     let mut text = text;
     if text.len() > MAX_CLOSE_REASON {
@@ -552,6 +564,11 @@ mod tests {
             CloseCode::Protocol
         );
         assert_eq!(close_reason(&CloseCause::Shutdown).code, CloseCode::Away);
+        let expired = close_reason(&CloseCause::TokenExpired);
+        assert_eq!(expired.code, CloseCode::Other(TOKEN_EXPIRED_CLOSE_CODE));
+        assert!(expired
+            .description
+            .is_some_and(|d| d.len() <= MAX_CLOSE_REASON));
         assert_eq!(close_reason(&CloseCause::Normal).description, None);
         assert_eq!(
             close_reason(&CloseCause::ClientClosed(Some(4001))).code,

@@ -266,6 +266,14 @@ test('URL request with a confirm step; deny with a reason; approve for this sess
   await p.waitForSelector('.input-card[data-state="open"] .url-block');
   assert.equal(await p.locator('.url-text').last().textContent(), target);
   assert.ok(!(await p.locator('[data-action="open-url"]').isVisible()), 'no link before the confirm step');
+  assert.equal(await p.locator('.url-host').last().textContent(), new URL(target).host, 'the host is shown up front');
+  // Only http(s) links, by the server's rule; anything else stays text.
+  const verdicts = await p.evaluate(async () => {
+    const { linkTarget } = await import('/validate.js');
+    return ['javascript:alert(1)', 'data:text/html,x', 'file:///etc/passwd', '/relative', 'https://u:p@a.example/', 'https://a.example/x']
+      .map((u) => linkTarget(u).href ?? null);
+  });
+  assert.deepEqual(verdicts, [null, null, null, null, null, 'https://a.example/x']);
   await p.click('[data-action="review-url"]');
   const link = p.locator('[data-action="open-url"]');
   assert.equal(await link.getAttribute('href'), target);
