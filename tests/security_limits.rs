@@ -215,6 +215,7 @@ async fn client_chosen_sizes_are_limited() {
         limits: Limits {
             max_chats_per_session: 3,
             max_action_bytes: 64 * 1024,
+            max_providers_per_subject: 2,
             ..Limits::default()
         },
         ..Config::default()
@@ -312,6 +313,28 @@ async fn client_chosen_sizes_are_limited() {
     // The server still serves this client normally.
     let seq = c.dispatch(&chat, draft("small")).await;
     assert!(c.wait_echo(None, seq).await.rejection_reason.is_none());
+    // Providers per subject (everyone is the one local subject here).
+    let agent = server.client("agent").await;
+    for n in 0..2 {
+        let _: Value = agent
+            .client
+            .request(
+                "tandem/registerProvider",
+                json!({"channel": "ahp-root://", "provider": format!("p{n}"), "displayName": "P"}),
+            )
+            .await
+            .expect("within the provider limit");
+    }
+    let r: Result<Value, _> = agent
+        .client
+        .request(
+            "tandem/registerProvider",
+            json!({"channel": "ahp-root://", "provider": "p2", "displayName": "P"}),
+        )
+        .await;
+    let (rpc_code, message) = code_and_message(r);
+    assert_eq!(rpc_code, -32600);
+    assert!(message.contains("2 providers"), "{message}");
     server.stop().await;
 }
 

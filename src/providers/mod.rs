@@ -51,6 +51,9 @@ pub struct Providers {
     /// id must not pass to whoever registers it next; the binding is
     /// persisted (`Journal::bind_provider`) so a restart keeps it too.
     owners: DashMap<String, String>,
+    /// Held while a new id is counted and bound, so two claims of one
+    /// subject cannot both pass its limit.
+    claiming: parking_lot::Mutex<()>,
 }
 
 /// Why a provider registration was refused.
@@ -65,6 +68,9 @@ pub enum RegisterError {
     /// The id is bound to another token subject.
     #[error("provider `{0}` belongs to the token subject that first registered it: only that subject or an `admin` token may register it")]
     NotOwner(String),
+    /// The subject already owns as many providers as it may.
+    #[error("`{0}` already registered {1} providers (the limit)")]
+    TooMany(String, usize),
     /// The binding could not be stored.
     #[error("the owner of provider `{0}` could not be stored: {1}")]
     Store(String, crate::store::JournalError),
@@ -91,10 +97,31 @@ impl Providers {
     }
 
     /// May `principal` register `provider`? A free id is bound to it at once,
-    /// so a concurrent claim by another subject is refused.
-    pub fn claim(&self, provider: &str, principal: &Principal) -> Result<Claim, RegisterError> {
+    /// so a concurrent claim by another subject is refused; a subject owns
+    /// at most `max_per_subject` ids (root state lists every provider, and
+    /// every client receives it).
+    pub fn claim(
+        &self,
+        provider: &str,
+        principal: &Principal,
+        max_per_subject: usize,
+    ) -> Result<Claim, RegisterError> {
         if self.agents.contains_key(provider) && !self.remotes.contains_key(provider) {
             return Err(RegisterError::BuiltIn(provider.to_owned()));
+        }
+        let _claiming = self.claiming.lock();
+        if !self.owners.contains_key(provider) {
+            let owned = self
+                .owners
+                .iter()
+                .filter(|o| *o.value() == principal.subject)
+                .count();
+            if owned >= max_per_subject {
+                return Err(RegisterError::TooMany(
+                    principal.subject.clone(),
+                    max_per_subject,
+                ));
+            }
         }
         match self.owners.entry(provider.to_owned()) {
             dashmap::Entry::Occupied(o) if principal.may_take_over_provider(o.get()) => {

@@ -300,6 +300,7 @@ fn register_error(e: RegisterError) -> RpcError {
     let code = match &e {
         RegisterError::NotOwner(_) => errors::PERMISSION_DENIED,
         RegisterError::BuiltIn(_) | RegisterError::Taken(_) => errors::ALREADY_EXISTS,
+        RegisterError::TooMany(..) => errors::INVALID_REQUEST,
         RegisterError::Store(..) => return RpcError::internal(e.to_string()),
     };
     RpcError::new(code, e.to_string())
@@ -813,7 +814,11 @@ impl Connection {
         let claim = self
             .shared
             .providers
-            .claim(&p.provider, &self.principal)
+            .claim(
+                &p.provider,
+                &self.principal,
+                self.shared.config.limits.max_providers_per_subject,
+            )
             .map_err(register_error)?;
         match claim {
             Claim::Owned => {
