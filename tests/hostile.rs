@@ -70,7 +70,7 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Honest clients: a small draft every 20 ms each, timed from dispatch to
+/// Honest clients: a small draft every 10 ms each, timed from dispatch to
 /// echo. Returns every latency in microseconds.
 async fn honest_phase(url: &str, chats: &[String], secs: u64, tag: &str) -> Vec<u64> {
     let mut tasks = Vec::new();
@@ -96,7 +96,7 @@ async fn honest_phase(url: &str, chats: &[String], secs: u64, tag: &str) -> Vec<
                 );
                 latencies.push(sent.elapsed().as_micros() as u64);
                 i += 1;
-                tokio::time::sleep(Duration::from_millis(20).saturating_sub(sent.elapsed())).await;
+                tokio::time::sleep(Duration::from_millis(10).saturating_sub(sent.elapsed())).await;
             }
             latencies
         }));
@@ -162,6 +162,11 @@ async fn hostile_clients_neither_grow_memory_past_the_bound_nor_stall_honest_one
             secret_file.to_str().expect("utf-8 path"),
             "--outbound-limit-bytes",
             &outbound,
+            // Commits still carry every byte the tenants send, but the
+            // disk's fsync jitter, which no server controls, stays out of
+            // the comparison.
+            "--durability",
+            "relaxed",
             "--replay-ring-bytes",
             &ring,
         ],

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ahp::ClientError;
 use ahp_types::commands::ReconnectResult;
 use common::*;
-use futures_util::SinkExt;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tandem::auth::{now_secs, Authenticator, Claims, Role};
 use tandem::{Config, Limits};
@@ -67,37 +67,14 @@ async fn stuck_socket(
         .0
 }
 
-/// Keep a never-reading socket active (pings, so it is never idle) until
-/// `/healthz` counts `n` connections; `false` if that did not happen within
-/// `within`.
-async fn pinging_until_connections(
-    ws: &mut tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
-    server: &TestServer,
-    n: u64,
-    within: Duration,
-) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
-        if healthz(server.addr).await["connections"] == n {
-            return true;
-        }
-        // A socket the server already let go of refuses the ping: fine.
-        let _ = tokio::time::timeout(
-            Duration::from_millis(200),
-            ws.send(Message::Ping(vec![1, 2, 3].into())),
-        )
-        .await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    false
-}
-
 // Item 8: replies count against the connection's limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_asks_for_snapshots_and_never_reads_is_evicted() {
+    // A long idle timeout: the kernel's `TCP_USER_TIMEOUT` (set to it) must
+    // not be what lets go of the hoarder — the reply budget must.
     let server = TestServer::start_with(Config {
         heartbeat_interval: Duration::from_millis(250),
-        idle_timeout: Duration::from_secs(3),
+        idle_timeout: Duration::from_secs(120),
         outbound_limit_bytes: 512 * 1024,
         ..Config::default()
     })
@@ -117,13 +94,36 @@ async fn a_client_that_asks_for_snapshots_and_never_reads_is_evicted() {
     for id in 1..=100 {
         let frame =
             json!({"jsonrpc": "2.0", "id": id, "method": "subscribe", "params": {"channel": chat}});
-        if ws.send(Message::text(frame.to_string())).await.is_err() {
-            break;
-        }
+        ws.send(Message::text(frame.to_string()))
+            .await
+            .expect("send");
     }
+    // The client stays away for a while (it is not reading), then reads
+    // what the server kept for it: a few replies the kernel already held,
+    // then the eviction — not 100 snapshots.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut replies = 0;
+    let close = loop {
+        let frame = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("frames in time")
+            .expect("a frame or the close")
+            .expect("readable");
+        match frame {
+            Message::Close(c) => break c,
+            Message::Text(t) if t.contains("\"snapshot\"") => replies += 1,
+            _ => {}
+        }
+    };
+    let close = close.expect("a close reason");
+    assert_eq!(u16::from(close.code), 1008, "{close:?}");
     assert!(
-        pinging_until_connections(&mut ws, &server, 1, Duration::from_secs(15)).await,
-        "the hoarding connection is still open"
+        close.reason.contains("outbound buffer overflow"),
+        "{close:?}"
+    );
+    assert!(
+        replies < 100,
+        "all {replies} snapshots were kept for a client that did not read"
     );
     writer
         .client
