@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve AHP over WebSocket (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Mint a bearer token signed with the server's secret.
     Token(TokenArgs),
 }
@@ -184,7 +184,7 @@ fn serve() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let args = match cli.command {
-        Some(Command::Serve(a)) => a,
+        Some(Command::Serve(a)) => *a,
         Some(Command::Token(t)) => return mint(t),
         None => cli.serve,
     };

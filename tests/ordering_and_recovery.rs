@@ -310,6 +310,13 @@ async fn a_client_that_stops_reading_is_evicted_and_recovers_by_reconnect() {
     const WINDOW: usize = 32;
     let server = TestServer::start_with(Config {
         outbound_limit_bytes: 64 * 1024,
+        // 16 MB of drafts from one connection, faster than a person's
+        // budget of journaled bytes allows: this test is about eviction.
+        limits: tandem::Limits {
+            dispatch_bytes_per_sec: 1e12,
+            dispatch_bytes_burst: 1e12,
+            ..tandem::Limits::default()
+        },
         ..Config::default()
     })
     .await;

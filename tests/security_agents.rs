@@ -17,7 +17,7 @@ use tandem::auth::{now_secs, Authenticator, Claims, Role};
 use tandem::store::MemoryJournal;
 use tandem::{Config, Limits};
 
-const SECRET: &[u8] = b"agents-test-secret-0123456789ab";
+const SECRET: &[u8] = b"agents-test-secret-0123456789abcdef";
 
 /// Lifetime of the tokens minted here.
 const TOKEN_TTL_SECS: u64 = 600;
