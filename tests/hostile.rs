@@ -63,17 +63,6 @@ fn client_url(base: &str, subject: &str) -> String {
     url_for(base, subject, tandem::auth::Role::Client)
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// Honest clients: a small draft every 10 ms each, timed from dispatch to
 /// echo. Returns every latency in microseconds.
 async fn honest_phase(url: &str, chats: &[String], secs: u64, tag: &str) -> Vec<u64> {

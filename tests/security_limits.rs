@@ -399,19 +399,25 @@ async fn the_bytes_a_subject_may_have_journaled_are_rate_limited() {
     server.stop().await;
 }
 
-// Item 12: reconnect respects the subscription limit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reconnect_cannot_subscribe_past_the_limit() {
+/// A server allowing `max` subscriptions per connection, with one session
+/// (and its chat) created by another client.
+async fn with_subscription_limit(max: usize) -> (TestServer, String, String) {
     let server = TestServer::start_with(Config {
         limits: Limits {
-            max_subscriptions_per_connection: 2,
+            max_subscriptions_per_connection: max,
             ..Limits::default()
         },
         ..Config::default()
     })
     .await;
-    let c = server.client("c").await;
-    let (session, chat) = c.create_session().await;
+    let (session, chat) = server.client("c").await.create_session().await;
+    (server, session, chat)
+}
+
+// Item 12: reconnect respects the subscription limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_cannot_subscribe_past_the_limit() {
+    let (server, session, chat) = with_subscription_limit(2).await;
     let client = TestClient::raw_connect(&server.url()).await;
     let r = client
         .reconnect(
@@ -638,16 +644,7 @@ async fn a_dispatch_request_to_an_unknown_channel_is_answered() {
 // A refused `initialize` leaves the connection uninitialized.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_initialize_leaves_the_connection_uninitialized() {
-    let server = TestServer::start_with(Config {
-        limits: Limits {
-            max_subscriptions_per_connection: 1,
-            ..Limits::default()
-        },
-        ..Config::default()
-    })
-    .await;
-    let c = server.client("c").await;
-    let (session, chat) = c.create_session().await;
+    let (server, session, chat) = with_subscription_limit(1).await;
     let fresh = TestClient::raw_connect(&server.url()).await;
     let r = fresh
         .initialize(

@@ -525,6 +525,18 @@ impl Drop for ServerProcess {
     }
 }
 
+/// A process's resident memory in KiB (0 if it cannot be read).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// A fresh directory under the system temp dir.
 pub fn temp_dir(tag: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("tandem-{tag}-{}", uuid::Uuid::new_v4()));
