@@ -1,6 +1,6 @@
 //! Authentication, per-session authorization, and limits.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

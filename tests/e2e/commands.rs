@@ -1,7 +1,7 @@
 //! The command surface: session and chat lifecycle, listing, paging, and the
 //! AHP error codes each command answers with.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! the upgrade, start-up refusals (library and binary), token expiry on an
 //! open socket, and which links an agent may put in front of a person.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,7 +1,7 @@
 //! DESIGN.md invariant 1 (durable before visible) and the session roll-up:
 //! a client watching only the session sees what waits and answers it.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

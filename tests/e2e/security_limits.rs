@@ -2,7 +2,7 @@
 //! learn: one test per item of the limits part of the security review
 //! (items 8–12), and the consistency rules for scoped clients.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Every row of the built-in `scripted` agent's table (PROTOCOL.md), and the
 //! interaction outcomes it reports.
 
-mod common;
+use crate::common;
 
 use ahp_types::actions::{ActionEnvelope, StateAction};
 use ahp_types::state::{

@@ -1,6 +1,6 @@
 //! Heartbeat and graceful shutdown.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The SQLite store: nothing a client saw is lost on a crash, history pages in
 //! order after a restart, and a broken store is reported clearly.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

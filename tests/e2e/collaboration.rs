@@ -1,7 +1,7 @@
 //! Two or more clients answering one agent together (issue "AHP host core",
 //! must-show 1–3), against a real server with the official `ahp` client.
 
-mod common;
+use crate::common;
 
 use ahp_types::actions::StateAction;
 use ahp_types::state::{ChatInputResponseKind, ResponsePart, ToolCallState, ToolResultContent};

@@ -4,7 +4,7 @@
 //! questions, switch its session to `always-allow`). And a provider asking
 //! more questions than the limit gets `-32602`, as the README says.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! External providers over the wire (`tandem/*`), forms, every interaction
 //! outcome, and the approval policy — with several clients attached.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

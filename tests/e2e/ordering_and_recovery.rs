@@ -1,7 +1,7 @@
 //! One order per connection, and recovery after a dropped or evicted
 //! connection (`reconnect` replay and snapshot), against a real server.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Instant;

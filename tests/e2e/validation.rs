@@ -2,7 +2,7 @@
 //! action comes back to its sender only, with a `rejectionReason`, and the
 //! chat a fresh subscriber sees is unchanged.
 
-mod common;
+use crate::common;
 
 use ahp_types::actions::StateAction;
 use common::*;

@@ -2,7 +2,7 @@
 //! with the right JSON-RPC error (or deliberately not at all), and neither the
 //! connection nor the server is harmed.
 
-mod common;
+use crate::common;
 
 use common::*;
 use futures_util::{SinkExt, StreamExt};

@@ -1,0 +1,26 @@
+//! End-to-end tests against a real server on `127.0.0.1:0`, with the
+//! official `ahp` client and raw WebSocket frames.
+//!
+//! One test binary holds them all: each file under `tests/` used to be a
+//! binary of its own, linking the server and the client stack again, and that
+//! linking was most of a clean build. The tests that measure time or
+//! resources (`pacing`, `hostile`, `soak`) and the browser test keep binaries
+//! of their own so nothing else runs beside them.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bad_input;
+mod collaboration;
+mod commands;
+mod durability;
+mod invariants;
+mod lifecycle;
+mod ordering_and_recovery;
+mod providers;
+mod scripted;
+mod security;
+mod security_access;
+mod security_agents;
+mod security_limits;
+mod validation;
