@@ -232,6 +232,6 @@ pub(super) fn recover(conn: &Connection) -> Result<Recovered, JournalError> {
     Ok(Recovered {
         channels,
         seq_floor,
-        provider_owners: read_provider_owners(&conn)?,
+        provider_owners: read_provider_owners(conn)?,
     })
 }
