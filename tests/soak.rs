@@ -206,8 +206,16 @@ async fn soak_keeps_memory_flat_and_honest_clients_converged() {
         .filter(|(t, _)| *t >= secs as f64 / 4.0)
         .map(|(_, r)| *r)
         .collect::<Vec<_>>();
-    let base = warm.first().copied().unwrap_or(0);
-    let peak = warm.iter().copied().max().unwrap_or(0);
+    // `rss_kib` fails when it cannot read; a run too short to sample after
+    // warm-up measured nothing and fails too.
+    assert!(
+        warm.len() >= 2,
+        "only {} memory samples after warm-up ({} in all): nothing was measured",
+        warm.len(),
+        samples.len()
+    );
+    let base = warm[0];
+    let peak = warm.iter().copied().max().unwrap_or(base);
     let allowed = base + (base / 4).max(16 * 1024);
     eprintln!(
         "soak {secs}s: {} honest actions, {} churned connections, {} garbage frames; RSS after warm-up {base} KiB, peak {peak} KiB (allowed {allowed} KiB)",
@@ -219,7 +227,13 @@ async fn soak_keeps_memory_flat_and_honest_clients_converged() {
         peak <= allowed,
         "server RSS grew from {base} KiB to {peak} KiB"
     );
-    let log = std::fs::read_to_string(dir.join("data").with_extension("log")).unwrap_or_default();
+    let log_path = dir.join("data").with_extension("log");
+    let log = std::fs::read_to_string(&log_path).unwrap_or_else(|e| {
+        panic!(
+            "cannot check the server for panics: reading {}: {e}",
+            log_path.display()
+        )
+    });
     assert!(!log.contains("panicked"), "the server panicked:\n{log}");
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);

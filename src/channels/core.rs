@@ -55,7 +55,7 @@ impl Shared {
                 start_seq,
                 config.replay_ring_len,
                 config.replay_ring_bytes,
-                Box::new(move |upto| reserving.reserve_seq(upto).is_ok()),
+                Box::new(move |upto| reserving.reserve_seq(upto).map_err(|e| e.to_string())),
             ),
             config,
             registry: Registry::default(),
@@ -120,6 +120,8 @@ pub struct ChannelCore {
     pub store_failed: Option<String>,
     /// Records journaled since the last snapshot.
     since_snapshot: u64,
+    /// `serverSeq` values claimed for journaled actions not yet published.
+    claimed: u64,
 }
 
 impl ChannelCore {
@@ -133,6 +135,7 @@ impl ChannelCore {
             journal_len,
             store_failed: None,
             since_snapshot: 0,
+            claimed: 0,
         }
     }
 
@@ -166,6 +169,8 @@ impl ChannelCore {
     /// Start journaling a batch; the caller publishes when it resolves.
     /// Every `snapshot_every` records the channel's state (from `state`, taken
     /// after the batch) goes along, so recovery replays only the tail.
+    /// The batch's `serverSeq` values are claimed first: if the store refuses
+    /// to reserve them, nothing is journaled and the commit fails.
     pub fn append(
         &mut self,
         batch: &[Accepted],
@@ -174,6 +179,12 @@ impl ChannelCore {
         state: impl FnOnce() -> Option<String>,
     ) -> crate::store::Commit {
         let records: Vec<Record> = batch.iter().map(|a| a.json.clone()).collect();
+        if let Err(e) = self.shared.publisher.claim(records.len() as u64) {
+            return Box::pin(std::future::ready(Err(JournalError::Unavailable(
+                e.to_string(),
+            ))));
+        }
+        self.claimed += records.len() as u64;
         let expected = self.journal_len;
         self.journal_len += records.len() as u64;
         self.since_snapshot += records.len() as u64;
@@ -198,15 +209,27 @@ impl ChannelCore {
         )
     }
 
-    /// Publish one journaled action to every subscriber (and its dispatcher).
-    pub fn publish(&self, accepted: &Accepted) -> ServerSeq {
+    /// Publish one journaled action to every subscriber (and its dispatcher)
+    /// with a number claimed by [`ChannelCore::append`].
+    pub fn publish(&mut self, accepted: &Accepted) -> ServerSeq {
         let (origin, conn) = match &accepted.origin {
             Some((o, c)) => (Some(o), Some(c)),
             None => (None, None),
         };
+        self.claimed = self.claimed.saturating_sub(1);
         self.shared
             .publisher
             .publish(&self.uri, &self.hub, &accepted.json, origin, conn)
+    }
+
+    /// Publish an action that is not journaled (root's derived state); see
+    /// [`Publisher::publish_unjournaled`]. Dropped, and logged there, if the
+    /// store refused to reserve its `serverSeq`.
+    pub fn publish_unjournaled(&self, action: &StateAction, unscoped_only: bool) {
+        let json = serde_json::to_string(action).unwrap_or_else(|_| "null".into());
+        self.shared
+            .publisher
+            .publish_unjournaled(&self.uri, &self.hub, &json, unscoped_only);
     }
 
     /// The journal refused a batch: nobody sees it, dispatchers are told, and
@@ -220,5 +243,8 @@ impl ChannelCore {
             }
         }
         self.store_failed = Some(err.to_string());
+        self.shared
+            .publisher
+            .release(std::mem::take(&mut self.claimed));
     }
 }

@@ -13,7 +13,7 @@ use ahp_types::state::{RootState, SessionSummary};
 use ahp_types::ROOT_RESOURCE_URI;
 use bytestring::ByteString;
 
-use super::core::{Accepted, ChannelCore, Shared};
+use super::core::{ChannelCore, Shared};
 use super::registry::{Channel, ChannelAddr};
 use super::session::{DisposeSession, InitSession, SessionActor};
 use super::validate;
@@ -61,7 +61,7 @@ impl RootActor {
         {
             return;
         }
-        self.core.publish(&Accepted::new(action, None));
+        self.core.publish_unjournaled(&action, false);
     }
 
     /// A root notification about `session`, to the subscribers who may see it.
@@ -96,11 +96,7 @@ impl RootActor {
         {
             return;
         }
-        let json = serde_json::to_string(&action).unwrap_or_else(|_| "null".into());
-        self.core
-            .shared
-            .publisher
-            .publish_unscoped(&self.core.uri, &self.core.hub, &json);
+        self.core.publish_unjournaled(&action, true);
     }
 }
 

@@ -88,18 +88,48 @@ struct RingEntry {
 /// above the reservation, so the counter never goes backwards.
 const SEQ_BLOCK: u64 = 1 << 20;
 
-/// Durably records a reservation; `false` if the store refused.
-pub type Reserver = Box<dyn Fn(u64) -> bool + Send + Sync>;
+/// Durably records a reservation; the store's reason if it refused.
+pub type Reserver = Box<dyn Fn(u64) -> Result<(), String> + Send + Sync>;
+
+/// The store refused a `serverSeq` reservation: from then on no new number
+/// is handed out, so none can repeat after a restart.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("could not reserve serverSeq values in the store: {0}")]
+pub struct SeqRefused(pub String);
 
 struct SeqState {
     /// Last assigned `serverSeq`.
     seq: u64,
     /// Highest `serverSeq` the store allows before the next reservation.
     reserved: u64,
+    /// Numbers promised to journaled actions not yet published
+    /// ([`Publisher::claim`]); `seq + claimed <= reserved` always holds.
+    claimed: u64,
+    /// Set when a reservation failed; every later claim is refused.
+    failed: Option<SeqRefused>,
     /// Most recent envelopes, oldest first, for `reconnect` replay.
     ring: VecDeque<RingEntry>,
     /// Bytes of the envelopes in `ring`.
     ring_bytes: usize,
+}
+
+/// An envelope's channel and origin, serialized before taking the lock.
+struct Encoded {
+    channel_json: String,
+    /// `,"origin":{…}` or empty.
+    origin_json: String,
+}
+
+impl Encoded {
+    fn new(channel: &str, origin: Option<&ActionOrigin>) -> Self {
+        Self {
+            channel_json: serde_json::to_string(channel).unwrap_or_else(|_| "\"\"".into()),
+            origin_json: origin
+                .map(|o| serde_json::to_string(o).unwrap_or_else(|_| "null".into()))
+                .map(|o| format!(",\"origin\":{o}"))
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// What `reconnect` can get from the ring.
@@ -127,7 +157,7 @@ impl Publisher {
     /// Start counting after `start_seq` (the highest seq ever handed out, so the
     /// counter never goes backwards across restarts when the store remembers it).
     pub fn new(start_seq: u64, ring_len: usize) -> Self {
-        Self::with_reserver(start_seq, ring_len, usize::MAX, Box::new(|_| true))
+        Self::with_reserver(start_seq, ring_len, usize::MAX, Box::new(|_| Ok(())))
     }
 
     /// A publisher that keeps at most `ring_len` envelopes and `ring_bytes`
@@ -143,6 +173,8 @@ impl Publisher {
             state: Mutex::new(SeqState {
                 seq: start_seq,
                 reserved: start_seq,
+                claimed: 0,
+                failed: None,
                 ring: VecDeque::with_capacity(ring_len.min(1 << 16)),
                 ring_bytes: 0,
             }),
@@ -162,8 +194,52 @@ impl Publisher {
         self.state.lock().seq
     }
 
-    /// Publish one accepted action: assign its seq, ring it, and push it to
-    /// every subscriber of `hub` and to `origin_conn` (the dispatcher, who gets
+    /// Secure `n` numbers for actions about to be journaled, reserving a
+    /// new block in the store when the current one cannot cover them. Called
+    /// before the journal append, so a refusal stops the write before
+    /// anything is stored; each claimed number is then used by one
+    /// [`Publisher::publish`] or given back with [`Publisher::release`].
+    pub fn claim(&self, n: u64) -> Result<(), SeqRefused> {
+        let mut st = self.state.lock();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        let need = st.seq + st.claimed + n;
+        self.reserve(&mut st, need)?;
+        st.claimed += n;
+        Ok(())
+    }
+
+    /// Give back claimed numbers whose actions were not stored.
+    pub fn release(&self, n: u64) {
+        let mut st = self.state.lock();
+        st.claimed = st.claimed.saturating_sub(n);
+    }
+
+    /// Make sure the store allows numbers up to `need` (rare: once per
+    /// block, a short synchronous store write). A refusal is remembered.
+    fn reserve(&self, st: &mut SeqState, need: u64) -> Result<(), SeqRefused> {
+        if need <= st.reserved {
+            return Ok(());
+        }
+        let upto = need + SEQ_BLOCK;
+        match (self.reserver)(upto) {
+            Ok(()) => {
+                st.reserved = upto;
+                Ok(())
+            }
+            Err(reason) => {
+                tracing::error!(upto, %reason, "could not reserve serverSeq values in the store; writes stop");
+                let e = SeqRefused(reason);
+                st.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// Publish one journaled action with a number secured by
+    /// [`Publisher::claim`]: assign its seq, ring it, and push it to every
+    /// subscriber of `hub` and to `origin_conn` (the dispatcher, who gets
     /// its echo even when not subscribed). `action_json` is the serialized
     /// `StateAction`. Returns the assigned seq.
     pub fn publish(
@@ -174,42 +250,67 @@ impl Publisher {
         origin: Option<&ActionOrigin>,
         origin_conn: Option<&Arc<Outbound>>,
     ) -> ServerSeq {
-        self.publish_to(channel, hub, action_json, origin, origin_conn, false)
+        let text = Encoded::new(channel, origin);
+        let mut st = self.state.lock();
+        if st.claimed == 0 {
+            // Nothing claimed (a caller outside the journal path): reserve
+            // now, and drop the action rather than use an unreserved number.
+            if self.unclaimed(&mut st).is_err() {
+                return ServerSeq(st.seq);
+            }
+        } else {
+            st.claimed -= 1;
+        }
+        self.publish_locked(st, &text, channel, hub, action_json, origin_conn, false)
     }
 
-    /// Publish a host action only to the subscribers that see every session
-    /// (a count of all sessions tells a scoped client about other tenants).
-    /// Scoped subscribers neither receive it nor get it in a replay.
-    pub fn publish_unscoped(&self, channel: &Arc<str>, hub: &Hub, action_json: &str) -> ServerSeq {
-        self.publish_to(channel, hub, action_json, None, None, true)
-    }
-
-    fn publish_to(
+    /// Publish an action that is not journaled (root's derived state):
+    /// reserves on demand; `None`, and nothing published, if the store
+    /// refused the reservation. With `unscoped_only` it goes only to the
+    /// subscribers that see every session (a count of all sessions tells a
+    /// scoped client about other tenants): scoped subscribers neither
+    /// receive it nor get it in a replay.
+    pub fn publish_unjournaled(
         &self,
         channel: &Arc<str>,
         hub: &Hub,
         action_json: &str,
-        origin: Option<&ActionOrigin>,
+        unscoped_only: bool,
+    ) -> Option<ServerSeq> {
+        let text = Encoded::new(channel, None);
+        let mut st = self.state.lock();
+        self.unclaimed(&mut st).ok()?;
+        Some(self.publish_locked(st, &text, channel, hub, action_json, None, unscoped_only))
+    }
+
+    /// Room for one number nobody claimed.
+    fn unclaimed(&self, st: &mut SeqState) -> Result<(), SeqRefused> {
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        let need = st.seq + st.claimed + 1;
+        self.reserve(st, need)
+    }
+
+    /// Assign the next (reserved) seq and fan the envelope out, under the lock.
+    #[allow(clippy::too_many_arguments)]
+    fn publish_locked(
+        &self,
+        mut st: parking_lot::MutexGuard<'_, SeqState>,
+        text: &Encoded,
+        channel: &Arc<str>,
+        hub: &Hub,
+        action_json: &str,
         origin_conn: Option<&Arc<Outbound>>,
         unscoped_only: bool,
     ) -> ServerSeq {
-        let channel_json = serde_json::to_string(&**channel).unwrap_or_else(|_| "\"\"".into());
-        let origin_json = origin
-            .map(|o| serde_json::to_string(o).unwrap_or_else(|_| "null".into()))
-            .map(|o| format!(",\"origin\":{o}"))
-            .unwrap_or_default();
-        let mut st = self.state.lock();
+        let Encoded {
+            channel_json,
+            origin_json,
+        } = text;
         st.seq += 1;
         let seq = st.seq;
-        if seq > st.reserved {
-            // Rare (once per block): a short synchronous store write.
-            let upto = seq + SEQ_BLOCK;
-            if (self.reserver)(upto) {
-                st.reserved = upto;
-            } else {
-                tracing::error!(upto, "could not reserve serverSeq values in the store");
-            }
-        }
+        debug_assert!(seq <= st.reserved, "an unreserved serverSeq");
         let envelope: Arc<str> = format!(
             "{{\"channel\":{channel_json},\"action\":{action_json},\"serverSeq\":{seq}{origin_json}}}"
         )
@@ -337,6 +438,7 @@ pub fn rejection_frame(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     fn conn(limit: usize) -> Arc<Outbound> {
         Arc::new(Outbound::new(limit))
@@ -371,7 +473,7 @@ mod tests {
 
     #[test]
     fn the_ring_is_bounded_in_bytes_and_falls_back_to_snapshots() {
-        let p = Publisher::with_reserver(0, 1000, 1000, Box::new(|_| true));
+        let p = Publisher::with_reserver(0, 1000, 1000, Box::new(|_| Ok(())));
         let hub = Arc::new(Hub::default());
         let ch: Arc<str> = "ahp-chat:/x".into();
         let big = format!("\"{}\"", "x".repeat(300));
@@ -404,6 +506,73 @@ mod tests {
             Replay::Envelopes(e) => assert_eq!(e.len(), 1),
             Replay::TooOld => panic!("replay resumes after the large one"),
         }
+    }
+
+    /// A publisher whose store refuses reservations while `refuse` is set,
+    /// recording the highest reservation it granted.
+    fn reserving(refuse: &Arc<AtomicBool>, granted: &Arc<AtomicU64>) -> Publisher {
+        let (refuse, granted) = (refuse.clone(), granted.clone());
+        Publisher::with_reserver(
+            0,
+            16,
+            usize::MAX,
+            Box::new(move |upto| {
+                if refuse.load(Ordering::SeqCst) {
+                    return Err("disk full".into());
+                }
+                granted.fetch_max(upto, Ordering::SeqCst);
+                Ok(())
+            }),
+        )
+    }
+
+    #[test]
+    fn a_refused_reservation_hands_out_no_number_and_stays_refused() {
+        let refuse = Arc::new(AtomicBool::new(true));
+        let granted = Arc::new(AtomicU64::new(0));
+        let p = reserving(&refuse, &granted);
+        let hub = Hub::default();
+        let sub = conn(1 << 20);
+        hub.add(&sub);
+        let ch: Arc<str> = "ahp-chat:/x".into();
+        let err = p.claim(1).expect_err("nothing reserved, nothing claimed");
+        assert!(err.to_string().contains("disk full"), "{err}");
+        assert_eq!(p.publish_unjournaled(&ch, &hub, "{}", false), None);
+        assert_eq!(p.publish_unjournaled(&ch, &hub, "{}", true), None);
+        assert_eq!(p.current(), 0, "no number was handed out");
+        assert!(sub.drain_for_test().is_empty(), "nothing was published");
+        refuse.store(false, Ordering::SeqCst);
+        assert!(
+            p.claim(1).is_err(),
+            "writes stay stopped once a reservation failed"
+        );
+        assert_eq!(granted.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn claimed_numbers_are_reserved_before_they_are_used() {
+        let refuse = Arc::new(AtomicBool::new(false));
+        let granted = Arc::new(AtomicU64::new(0));
+        let p = reserving(&refuse, &granted);
+        let hub = Hub::default();
+        let ch: Arc<str> = "ahp-chat:/x".into();
+        p.claim(3).expect("reserved");
+        let block = granted.load(Ordering::SeqCst);
+        assert!(block >= 3, "the claim is covered: {block}");
+        refuse.store(true, Ordering::SeqCst);
+        // Numbers claimed before the store failed are still safe to use.
+        for _ in 0..3 {
+            let seq = p.publish(&ch, &hub, "{}", None, None);
+            assert!(seq.0 <= block, "{} beyond the reservation {block}", seq.0);
+        }
+        // Claims up to the reserved block need no store write...
+        p.claim(block - 3).expect("inside the reserved block");
+        // ...one past it does, and the store refuses.
+        assert!(p.claim(1).is_err());
+        p.release(block - 3);
+        assert!(p.claim(1).is_err(), "released or not, writes stay stopped");
+        assert_eq!(p.publish_unjournaled(&ch, &hub, "{}", false), None);
+        assert_eq!(p.current(), 3);
     }
 
     #[test]

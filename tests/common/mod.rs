@@ -69,6 +69,26 @@ pub async fn wait_connections(addr: SocketAddr, n: u64) {
     }
 }
 
+/// Poll `check` until it yields `Some` (every 20 ms), failing after [`WAIT`]
+/// with `what`: an awaited condition instead of a sleep.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// How long any single wait in a test may take before it fails.
 pub const WAIT: Duration = Duration::from_secs(20);
 
@@ -328,6 +348,27 @@ impl TestClient {
     }
 }
 
+/// Page a chat's whole history into `mirror` with `fetchTurns`, following
+/// `turnsNextCursor` until there is none; returns the number of pages.
+pub async fn fetch_all_turns(c: &mut TestClient, mirror: &mut ChatMirror) -> usize {
+    let mut pages = 0;
+    while let Some(cursor) = mirror.state.turns_next_cursor.clone() {
+        let before = mirror.state.turns.len();
+        let _: Value = c
+            .client
+            .request(
+                "fetchTurns",
+                json!({"channel": mirror.uri, "cursor": cursor}),
+            )
+            .await
+            .expect("fetchTurns");
+        c.wait_state(mirror, |s| s.turns.len() > before).await;
+        pages += 1;
+        assert!(pages <= 1000, "paging terminates");
+    }
+    pages
+}
+
 /// A client-side copy of a chat, kept with the official reducer.
 #[derive(Clone, Debug)]
 pub struct ChatMirror {
@@ -525,16 +566,20 @@ impl Drop for ServerProcess {
     }
 }
 
-/// A process's resident memory in KiB (0 if it cannot be read).
+/// A process's resident memory in KiB. Panics when it cannot be read (no
+/// `/proc`, the process is gone, no `VmRSS` line): a memory check that
+/// cannot measure must fail, not pass comparing zeros.
 pub fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot measure memory: reading {path}: {e}"));
+    let kib = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("cannot measure memory: no VmRSS in {path}"));
+    assert!(kib > 0, "cannot measure memory: {path} says VmRSS is 0");
+    kib
 }
 
 /// A fresh directory under the system temp dir.

@@ -3,8 +3,6 @@
 
 use crate::common;
 
-use std::time::Duration;
-
 use ahp::{ClientError, SubscriptionEvent};
 use ahp_types::actions::StateAction;
 use ahp_types::commands::ListSessionsResult;
@@ -155,7 +153,7 @@ async fn session_and_chat_lifecycle_with_notifications() {
             _ => continue,
         }
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The reply came after the session left the registry: it is gone now.
     let gone = c
         .client
         .request::<_, Value>("subscribe", json!({"channel": session}))
@@ -176,7 +174,12 @@ async fn list_sessions_pages_most_recent_first() {
     let mut created = Vec::new();
     for _ in 0..7 {
         created.push(c.create_session().await.0);
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        // The next one is created in a later millisecond (the timestamps'
+        // resolution), so "most recent first" has one answer.
+        let stamp = tandem::time::now_rfc3339();
+        while tandem::time::now_rfc3339() == stamp {
+            tokio::task::yield_now().await;
+        }
     }
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;

@@ -248,18 +248,8 @@ async fn fetch_turns_pages_through_500_turns_after_a_restart() {
         bad.is_err(),
         "a cursor that is not the current one is refused"
     );
-    let mut pages = 0;
-    while let Some(cursor) = m.state.turns_next_cursor.clone() {
-        let before = m.state.turns.len();
-        let _: Value = c
-            .client
-            .request("fetchTurns", json!({"channel": chat, "cursor": cursor}))
-            .await
-            .expect("fetchTurns");
-        c.wait_state(&mut m, |s| s.turns.len() > before).await;
-        pages += 1;
-        assert!(pages <= 20, "paging terminates");
-    }
+    let pages = fetch_all_turns(&mut c, &mut m).await;
+    assert!(pages <= 20, "{pages} pages");
     let got: Vec<String> = m.state.turns.iter().map(|t| t.id.clone()).collect();
     assert_eq!(got.len(), 500, "no turn missing");
     assert_eq!(got, ids, "in order, no gap or duplicate");
@@ -269,6 +259,105 @@ async fn fetch_turns_pages_through_500_turns_after_a_restart() {
         m.state,
         "everyone sees the loaded history"
     );
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Run `n` turns `"{prefix}{i}"` to completion; returns their ids.
+async fn run_turns(c: &mut TestClient, m: &mut ChatMirror, prefix: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let before = m.state.turns.len();
+        ids.push(c.start_turn(&m.uri.clone(), &format!("{prefix}{i}")).await);
+        c.wait_state(m, |s| {
+            s.active_turn.is_none() && s.turns.len() == before + 1
+        })
+        .await;
+    }
+    ids
+}
+
+/// Dispatch `chat/truncated` (keep up to `keep`, or clear) and wait for it.
+async fn truncate(c: &mut TestClient, m: &mut ChatMirror, keep: Option<&str>) {
+    let mut a = json!({"type": "chat/truncated"});
+    if let Some(id) = keep {
+        a["turnId"] = json!(id);
+    }
+    let seq = c.dispatch(&m.uri.clone(), action(a)).await;
+    let echo = c.wait_echo(Some(m), seq).await;
+    assert!(echo.rejection_reason.is_none(), "{echo:?}");
+}
+
+fn turn_ids(m: &ChatMirror) -> Vec<String> {
+    m.state.turns.iter().map(|t| t.id.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_history_stays_truncated_across_restarts_and_paging() {
+    let dir = temp_dir("truncated");
+    let config = Config {
+        data_dir: Some(dir.join("data")),
+        turns_window: 3,
+        turns_page: 2,
+        snapshot_every: 7,
+        ..Config::default()
+    };
+    let restart = |server: TestServer| {
+        let config = config.clone();
+        async move {
+            server.stop().await;
+            TestServer::start_with(config).await
+        }
+    };
+    let server = TestServer::start_with(config.clone()).await;
+    let mut c = server.client("t").await;
+    let (_s, chat) = c.create_session().await;
+    let mut m = c.subscribe_chat(&chat).await;
+    let mut ids = run_turns(&mut c, &mut m, "a", 8).await;
+    truncate(&mut c, &mut m, Some(&ids[4])).await;
+    ids.truncate(5);
+    ids.extend(run_turns(&mut c, &mut m, "b", 2).await);
+    assert_eq!(turn_ids(&m), ids);
+    c.client.shutdown().await;
+
+    // After a restart only a window is loaded; truncate inside it, with
+    // older turns still only in the store.
+    let server = restart(server).await;
+    let mut c = server.client("t2").await;
+    let mut m = c.subscribe_chat(&chat).await;
+    assert_eq!(turn_ids(&m), ids[4..], "the newest window of what is left");
+    assert!(m.state.turns_next_cursor.is_some());
+    truncate(&mut c, &mut m, Some(&ids[5])).await;
+    ids.truncate(6);
+    ids.extend(run_turns(&mut c, &mut m, "c", 1).await);
+    c.client.shutdown().await;
+
+    // Paging after another restart finds exactly what is left: no truncated
+    // turn comes back, none is missing or repeated.
+    let server = restart(server).await;
+    let mut c = server.client("t3").await;
+    let mut m = c.subscribe_chat(&chat).await;
+    assert_eq!(turn_ids(&m), ids[ids.len() - 3..]);
+    let pages = fetch_all_turns(&mut c, &mut m).await;
+    assert_eq!(turn_ids(&m), ids, "history after truncations and restarts");
+    assert_eq!(pages, 2, "4 older turns in pages of 2");
+    assert_eq!(fresh_chat(&server, &chat).await, m.state);
+
+    // Clearing everything leaves nothing to load, across a restart too.
+    truncate(&mut c, &mut m, None).await;
+    c.client.shutdown().await;
+    let server = restart(server).await;
+    let c = server.client("t4").await;
+    let m = c.subscribe_chat(&chat).await;
+    assert!(m.state.turns.is_empty(), "{:?}", turn_ids(&m));
+    assert_eq!(m.state.turns_next_cursor, None);
+    let none: Value = c
+        .client
+        .request("fetchTurns", json!({"channel": chat}))
+        .await
+        .expect("fetchTurns");
+    assert_eq!(none, json!({}));
+    c.client.shutdown().await;
     server.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

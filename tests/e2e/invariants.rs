@@ -5,7 +5,6 @@ use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use ahp_types::actions::StateAction;
 use ahp_types::state::SessionInputRequest;
@@ -17,11 +16,12 @@ use tandem::store::{
 };
 use tokio::sync::Notify;
 
-/// A journal that can hold every append until the test releases it.
+/// A journal that can hold the appends to one channel until the test
+/// releases them.
 #[derive(Default)]
 struct GatedJournal {
     inner: MemoryJournal,
-    hold: AtomicBool,
+    hold: std::sync::Mutex<Option<String>>,
     release: Arc<Notify>,
     appended: std::sync::Mutex<Vec<String>>,
 }
@@ -31,7 +31,7 @@ impl Journal for GatedJournal {
         self.inner.create_channel(info)
     }
     fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
-        let held = self.hold.load(Ordering::SeqCst);
+        let held = self.hold.lock().expect("lock").as_deref() == Some(channel);
         let release = self.release.clone();
         if let Ok(mut a) = self.appended.lock() {
             a.extend(batch.records.iter().map(|r| r.to_string()));
@@ -82,38 +82,38 @@ async fn nobody_sees_an_action_before_the_journal_has_it() {
     a.subscribe_chat(&chat).await;
     b.subscribe_chat(&chat).await;
 
-    journal.hold.store(true, Ordering::SeqCst);
+    let (_s2, other_chat) = a.create_session().await;
+    a.subscribe_chat(&other_chat).await;
+    b.subscribe_chat(&other_chat).await;
+
+    *journal.hold.lock().expect("lock") = Some(chat.clone());
     let seq = a.dispatch(&chat, draft("held")).await;
-    // The append has started but not returned: neither the sender nor the
-    // other subscriber may see the action.
-    for _ in 0..100 {
-        if journal
-            .appended
-            .lock()
-            .map(|a| a.iter().any(|r| r.contains("held")))
-            .unwrap_or(false)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        journal
-            .appended
+    let gate = &journal;
+    eventually("the held append was called", || async move {
+        gate.appended
             .lock()
             .expect("lock")
             .iter()
-            .any(|r| r.contains("held")),
-        "append was called"
-    );
+            .any(|r| r.contains("held"))
+            .then_some(())
+    })
+    .await;
+    // The append has started but not returned. A later action on another
+    // chat goes through; it is the first envelope either client sees, so the
+    // held one was published to neither sender nor subscriber.
+    let marker = a.dispatch(&other_chat, draft("marker")).await;
     for c in [&mut a, &mut b] {
-        let early = tokio::time::timeout(Duration::from_millis(300), c.next_envelope()).await;
-        assert!(
-            early.is_err(),
-            "an envelope arrived before the journal returned: {early:?}"
+        let first = c.next_envelope().await;
+        assert_eq!(
+            (
+                first.channel.as_str(),
+                first.origin.as_ref().map(|o| o.client_seq)
+            ),
+            (other_chat.as_str(), Some(marker)),
+            "an envelope arrived before the journal returned: {first:?}"
         );
     }
-    journal.hold.store(false, Ordering::SeqCst);
+    *journal.hold.lock().expect("lock") = None;
     journal.release.notify_waiters();
     let echo = a.wait_echo(None, seq).await;
     assert!(echo.rejection_reason.is_none());
@@ -172,29 +172,31 @@ async fn a_session_only_client_sees_the_rollup_and_answers_without_subscribing_t
     assert_eq!(removed.id, req.id);
 
     // The session state a fresh subscriber sees has nothing pending, and the
-    // agent got the answer.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // agent got the answer (its turn ends with it).
     let fresh = server
         .client("fresh")
         .await
         .subscribe_session(&session)
         .await;
     assert!(fresh.input_needed.is_none(), "{:?}", fresh.input_needed);
-    let state = fresh_chat(&server, &chat).await;
-    let md = last_turn_markdown(&state);
-    assert!(
+    let (server_ref, chat_ref) = (&server, chat.as_str());
+    eventually("the agent reports the answer", || async move {
+        let md = last_turn_markdown(&fresh_chat(server_ref, chat_ref).await);
         md.iter()
-            .any(|m| m.starts_with("settled: answered") && m.contains("from the session")),
-        "{md:?}"
-    );
+            .any(|m| m.starts_with("settled: answered") && m.contains("from the session"))
+            .then_some(())
+    })
+    .await;
     server.stop().await;
 }
 
-/// A journal whose appends start failing on demand (a full or read-only disk).
+/// A journal whose appends, or `serverSeq` reservations, start failing on
+/// demand (a full or read-only disk).
 #[derive(Default)]
 struct FailingJournal {
     inner: MemoryJournal,
     fail: AtomicBool,
+    fail_reserve: AtomicBool,
 }
 
 impl Journal for FailingJournal {
@@ -224,6 +226,9 @@ impl Journal for FailingJournal {
         self.inner.turns_before(chat, before, limit)
     }
     fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
+        if self.fail_reserve.load(Ordering::SeqCst) {
+            return Err(JournalError::Unavailable("seq disk full".into()));
+        }
         self.inner.reserve_seq(upto)
     }
     fn recover(&self) -> Result<Recovered, JournalError> {
@@ -235,6 +240,54 @@ impl Journal for FailingJournal {
     fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
         self.inner.bind_provider(provider, subject)
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_seq_reservation_stops_writes_and_keeps_serving_reads() {
+    let journal = Arc::new(FailingJournal::default());
+    let server = TestServer::start_with_journal(tandem::Config::default(), journal.clone()).await;
+    let c = server.client("c").await;
+    let (_s, chat) = c.create_session().await;
+    let before = c.subscribe_chat(&chat).await.state;
+    c.client.shutdown().await;
+    server.stop().await;
+
+    // After a restart the first write needs a new block of `serverSeq`
+    // values, and the store refuses to record it.
+    journal.fail_reserve.store(true, Ordering::SeqCst);
+    let stored = journal.inner.records(&chat).len();
+    let server = TestServer::start_with_journal(tandem::Config::default(), journal.clone()).await;
+    let mut c = server.client("c").await;
+    c.subscribe_chat(&chat).await;
+    let first = c.dispatch(&chat, draft("unreserved")).await;
+    let echo = c.wait_echo(None, first).await;
+    assert!(
+        echo.rejection_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("serverSeq") && r.contains("seq disk full")),
+        "a write without a reserved serverSeq is refused: {:?}",
+        echo.rejection_reason
+    );
+    let second = c.dispatch(&chat, draft("still not")).await;
+    let echo = c.wait_echo(None, second).await;
+    assert!(
+        echo.rejection_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("read-only")),
+        "{:?}",
+        echo.rejection_reason
+    );
+    assert_eq!(
+        journal.inner.records(&chat).len(),
+        stored,
+        "nothing was journaled"
+    );
+
+    // Reads keep working, and nothing refused is visible.
+    let other = server.client("reader").await;
+    let now = other.subscribe_chat(&chat).await.state;
+    assert_eq!(now.draft, before.draft);
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -175,12 +175,36 @@ async fn reconnect_older_than_the_ring_gets_snapshots() {
         ..Config::default()
     };
     let (server, driver, chat, last_seq, _mirror) = miss_hundred(config).await;
+    expect_snapshot_then_live(&server, driver, &chat, last_seq).await;
+    server.stop().await;
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_over_the_replay_limit_gets_snapshots() {
+    // The ring still holds all 100 missed drafts (~15 KB of envelopes);
+    // only the replay byte limit sends the client to snapshots.
+    let config = Config {
+        max_replay_bytes: 10 * 1024,
+        ..Config::default()
+    };
+    let (server, driver, chat, last_seq, _mirror) = miss_hundred(config).await;
+    expect_snapshot_then_live(&server, driver, &chat, last_seq).await;
+    server.stop().await;
+}
+
+/// Reconnect as "c" after `last_seq`: expect a snapshot of `chat` that
+/// matches the server's state, then a live action on top of it.
+async fn expect_snapshot_then_live(
+    server: &TestServer,
+    driver: TestClient,
+    chat: &str,
+    last_seq: u64,
+) {
     let client = TestClient::raw_connect(&server.url()).await;
     let mut events = client.events();
     let res = tokio::time::timeout(
         WAIT,
-        client.reconnect("c".into(), last_seq as i64, vec![chat.clone()]),
+        client.reconnect("c".into(), last_seq as i64, vec![chat.to_owned()]),
     )
     .await
     .expect("reconnect timed out")
@@ -195,15 +219,15 @@ async fn reconnect_older_than_the_ring_gets_snapshots() {
     let SnapshotState::Chat(state) = &snap.state else {
         panic!("not a chat snapshot: {:?}", snap.state);
     };
-    assert_eq!(**state, fresh_chat(&server, &chat).await);
+    assert_eq!(**state, fresh_chat(server, chat).await);
     let mut mirror = ChatMirror {
-        uri: chat.clone(),
+        uri: chat.to_owned(),
         state: (**state).clone(),
         from_seq: snap.from_seq as u64,
     };
 
     // Live actions flow again after the snapshot.
-    let seq = driver.dispatch(&chat, draft("after-reconnect")).await;
+    let seq = driver.dispatch(chat, draft("after-reconnect")).await;
     let env = loop {
         let ev = tokio::time::timeout(WAIT, events.recv())
             .await
@@ -222,10 +246,9 @@ async fn reconnect_older_than_the_ring_gets_snapshots() {
         Some(("driver", seq))
     );
     mirror.apply(&env);
-    assert_eq!(mirror.state, fresh_chat(&server, &chat).await);
+    assert_eq!(mirror.state, fresh_chat(server, chat).await);
     client.shutdown().await;
     driver.client.shutdown().await;
-    server.stop().await;
 }
 
 type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
@@ -291,17 +314,33 @@ async fn read_until_close(mut slow: Ws, mut mirror: ChatMirror) -> SlowOutcome {
     }
 }
 
-// The replay after an eviction is larger than the limit that evicted the
-// client; replies are not counted against the limit, so it goes through.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_stops_reading_is_evicted_and_recovers_by_reconnect() {
-    // ~1 KiB drafts; 16000 of them is > 16 MiB of frames.
-    const N: usize = 16_000;
+/// Drafts the driver sends in the eviction tests (~1 KiB each, ~8.6 MB in
+/// all: past the slow client's buffers, below a WebSocket frame's 16 MiB so
+/// the whole gap fits one replay reply).
+const N: usize = 8_000;
+
+/// What an eviction left: the server, the driver, the chat, the slow
+/// client's last seen serverSeq, how many drafts it read, and its mirror.
+struct Evicted {
+    server: TestServer,
+    driver: TestClient,
+    fast: TestClient,
+    chat: String,
+    last_seq: u64,
+    frames: usize,
+    slow_mirror: ChatMirror,
+    fresh: ahp_types::state::ChatState,
+}
+
+/// A slow client subscribes and stops reading while the driver sends N
+/// drafts; it is evicted for overflow, and reads its backlog up to the close.
+async fn evict_a_slow_client(max_replay_bytes: usize) -> Evicted {
     // The slow client resumes reading after this many drafts (> 6 MiB queued
     // for it, far past what its 8 KiB receive buffer, the server's send buffer
-    // and the 64 KiB limit can hold). It cannot wait for all N: the server
-    // gives an evicted peer only 5 s (CLOSE_GRACE) to take the close frame,
-    // which sits behind frames already handed to the socket layer.
+    // and the 64 KiB limit can hold). It resumes before all N are sent so the
+    // test does not lean on how long the server keeps a closing peer whose
+    // socket makes no progress (`idle_timeout`): the close frame sits behind
+    // frames already handed to the socket layer.
     const RESUME_AT: usize = 6_000;
     // The byte limit applies to every connection (including the driver, which
     // gets its own echoes), so nobody else may fall more than a few frames
@@ -310,7 +349,8 @@ async fn a_client_that_stops_reading_is_evicted_and_recovers_by_reconnect() {
     const WINDOW: usize = 32;
     let server = TestServer::start_with(Config {
         outbound_limit_bytes: 64 * 1024,
-        // 16 MB of drafts from one connection, faster than a person's
+        max_replay_bytes,
+        // 8 MB of drafts from one connection, faster than a person's
         // budget of journaled bytes allows: this test is about eviction.
         limits: tandem::Limits {
             dispatch_bytes_per_sec: 1e12,
@@ -393,7 +433,7 @@ async fn a_client_that_stops_reading_is_evicted_and_recovers_by_reconnect() {
         fast_seen += fast_recv(env, &mut fast_mirror);
     }
     let fast_done_in = started.elapsed();
-    let (close, last_seq, frames, mut slow_mirror) = slow_task
+    let (close, last_seq, frames, slow_mirror) = slow_task
         .expect("slow reader started")
         .await
         .expect("slow reader");
@@ -414,41 +454,94 @@ async fn a_client_that_stops_reading_is_evicted_and_recovers_by_reconnect() {
 
     let fresh = fresh_chat(&server, &chat).await;
     assert_eq!(fast_mirror.state, fresh, "fast client mirror");
+    Evicted {
+        server,
+        driver,
+        fast,
+        chat,
+        last_seq,
+        frames,
+        slow_mirror,
+        fresh,
+    }
+}
 
-    // Recover by reconnect: everything after the last seen seq is replayed.
-    let back = TestClient::raw_connect(&server.url()).await;
+/// Reconnect as the evicted client after its last seen serverSeq.
+async fn reconnect_slow(e: &Evicted) -> (ahp::Client, ReconnectResult) {
+    let back = TestClient::raw_connect(&e.server.url()).await;
     let res = tokio::time::timeout(
         WAIT,
-        back.reconnect("slow".into(), last_seq as i64, vec![chat.clone()]),
+        back.reconnect("slow".into(), e.last_seq as i64, vec![e.chat.clone()]),
     )
     .await
     .expect("reconnect timed out")
     .expect("reconnect");
-    // A gap this large (over `max_replay_bytes`) comes back as a snapshot;
-    // a smaller one as a replay. Either way nothing is missing.
-    match res {
-        ReconnectResult::Replay(r) => {
-            assert!(r.missing.is_empty(), "missing: {:?}", r.missing);
-            assert_eq!(r.actions.len(), N - frames, "replay fills the gap exactly");
-            let mut prev = last_seq;
-            for env in &r.actions {
-                assert!(env.server_seq > prev, "replay order");
-                prev = env.server_seq;
-                slow_mirror.apply(env);
-            }
-        }
-        ReconnectResult::Snapshot(s) => {
-            assert_eq!(s.snapshots.len(), 1);
-            let SnapshotState::Chat(state) = s.snapshots[0].state.clone() else {
-                panic!("chat snapshot expected");
-            };
-            assert!(s.snapshots[0].from_seq as u64 >= last_seq);
-            slow_mirror.state = *state;
-        }
+    (back, res)
+}
+
+impl Evicted {
+    async fn stop(self, back: ahp::Client) {
+        back.shutdown().await;
+        self.fast.client.shutdown().await;
+        self.driver.client.shutdown().await;
+        self.server.stop().await;
     }
-    assert_eq!(slow_mirror.state, fresh, "slow client recovered");
-    back.shutdown().await;
-    fast.client.shutdown().await;
-    driver.client.shutdown().await;
-    server.stop().await;
+}
+
+// The replay after an eviction is larger than the outbound limit that
+// evicted the client; replies are not counted against that limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_client_gets_exactly_what_it_missed_by_replay() {
+    // Every missed draft fits the replay limit and the ring.
+    let mut e = evict_a_slow_client(64 * 1024 * 1024).await;
+    let (back, res) = reconnect_slow(&e).await;
+    let ReconnectResult::Replay(r) = res else {
+        panic!("a gap within the replay limit is replayed, got {res:?}");
+    };
+    assert!(r.missing.is_empty(), "missing: {:?}", r.missing);
+    // The slow client read drafts 0..frames in order; the replay must be
+    // exactly frames..N: no gap, no duplicate.
+    let indices: Vec<usize> = r
+        .actions
+        .iter()
+        .map(|env| match &env.action {
+            StateAction::ChatDraftChanged(d) => d
+                .draft
+                .as_ref()
+                .and_then(|m| m.text.get(..5)?.parse().ok())
+                .expect("a numbered draft"),
+            other => panic!("unexpected replayed action {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        indices,
+        (e.frames..N).collect::<Vec<_>>(),
+        "replay fills the gap exactly"
+    );
+    let mut prev = e.last_seq;
+    for env in &r.actions {
+        assert_eq!(env.channel, e.chat);
+        assert!(env.server_seq > prev, "replay order");
+        prev = env.server_seq;
+        e.slow_mirror.apply(env);
+    }
+    assert_eq!(e.slow_mirror.state, e.fresh, "slow client recovered");
+    e.stop(back).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_client_past_the_replay_limit_gets_a_snapshot() {
+    // The default 4 MiB limit is below the ~8 MB the client missed.
+    let e = evict_a_slow_client(Config::default().max_replay_bytes).await;
+    let (back, res) = reconnect_slow(&e).await;
+    let ReconnectResult::Snapshot(s) = res else {
+        panic!("a gap over the replay limit gets a snapshot, got {res:?}");
+    };
+    assert_eq!(s.snapshots.len(), 1);
+    let SnapshotState::Chat(state) = s.snapshots[0].state.clone() else {
+        panic!("chat snapshot expected");
+    };
+    assert!(s.snapshots[0].from_seq as u64 > e.last_seq);
+    assert_eq!(*state, e.fresh, "slow client recovered");
+    e.stop(back).await;
 }

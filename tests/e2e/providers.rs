@@ -401,14 +401,6 @@ async fn always_allow_applies_from_the_next_checkpoint_and_grants_cover_one_tool
     })
     .await;
     set_mode(&mut u, &session, "always-allow").await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        matches!(
-            tool_state(&m, "c1"),
-            Some(ToolCallState::PendingConfirmation(_))
-        ),
-        "the pending one stays pending"
-    );
     // The next call is confirmed by the setting.
     let s = agent.interact(&chat, &turn, ask_tool("c2", "delete")).await;
     assert_eq!(s["outcome"], "approved");
@@ -430,6 +422,15 @@ async fn always_allow_applies_from_the_next_checkpoint_and_grants_cover_one_tool
         }
         other => panic!("expected running by setting, got {other:?}"),
     }
+    // c2 confirmed by the setting shows the chat had the new mode; the call
+    // pending from before it was not settled by the change.
+    assert!(
+        matches!(
+            tool_state(&m, "c1"),
+            Some(ToolCallState::PendingConfirmation(_))
+        ),
+        "the pending one stays pending"
+    );
     let state = u.subscribe_session(&session).await;
     assert_eq!(
         state
@@ -626,9 +627,15 @@ async fn list_pending_shows_open_interactions_in_opening_order() {
     let mut m = u.subscribe_chat(&chat).await;
     u.start_turn(&chat, "go").await;
     let (_, turn, _) = agent.next_turn().await;
-    for i in [
-        json!({"kind": "input", "request": {"id": "in-1", "message": "a?"}}),
-        json!({"kind": "toolApproval", "toolCallId": "tc-1", "toolName": "x", "input": "{}"}),
+    for (id, i) in [
+        (
+            "in-1",
+            json!({"kind": "input", "request": {"id": "in-1", "message": "a?"}}),
+        ),
+        (
+            "tc-1",
+            json!({"kind": "toolApproval", "toolCallId": "tc-1", "toolName": "x", "input": "{}"}),
+        ),
     ] {
         let (client, chat, turn) = (agent.client.clone(), chat.clone(), turn.clone());
         tokio::spawn(async move {
@@ -639,14 +646,14 @@ async fn list_pending_shows_open_interactions_in_opening_order() {
                 )
                 .await;
         });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Opened (in the chat) before the next one is asked for.
+        u.wait_state(&mut m, |s| {
+            s.active_turn.as_ref().is_some_and(|t| {
+                serde_json::to_string(&t.response_parts).is_ok_and(|p| p.contains(id))
+            })
+        })
+        .await;
     }
-    u.wait_state(&mut m, |s| {
-        s.active_turn
-            .as_ref()
-            .is_some_and(|t| t.response_parts.len() >= 2)
-    })
-    .await;
     let list: Value = u
         .client
         .request("tandem/listPending", json!({"channel": session}))

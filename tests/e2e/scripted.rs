@@ -100,8 +100,17 @@ async fn an_untouched_prompt_times_out_and_an_engaged_one_does_not() {
     c.start_turn(&chat, &format!("/ask {two}")).await;
     c.wait_for(Some(&mut m), is_request).await;
     let rid = open_request_id(&m.state).expect("open");
-    c.dispatch(&chat, action(json!({"type": "chat/inputAnswerChanged", "requestId": rid, "questionId": "a", "answer": {"state": "draft", "value": {"kind": "text", "value": "typing"}}}))).await;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let typed = c.dispatch(&chat, action(json!({"type": "chat/inputAnswerChanged", "requestId": rid, "questionId": "a", "answer": {"state": "draft", "value": {"kind": "text", "value": "typing"}}}))).await;
+    c.wait_echo(Some(&mut m), typed).await;
+    // A control prompt with the same timeout, untouched and opened after the
+    // answer activity in another chat: once it has timed out, the engaged
+    // prompt's timer would have fired too.
+    let (_s, control) = c.create_session().await;
+    let mut cm = c.subscribe_chat(&control).await;
+    c.start_turn(&control, &format!("/ask {two}")).await;
+    c.wait_for(Some(&mut cm), |e| e.channel == control && is_done(e))
+        .await;
+    assert!(last_turn_markdown(&cm.state)[0].starts_with("settled: timedOut"));
     let still = fresh_chat(&server, &chat).await;
     assert_eq!(
         open_request_id(&still).as_deref(),
@@ -143,8 +152,15 @@ async fn cancelling_the_turn_interrupts_the_prompt_and_keeps_it_unanswered() {
         None,
         "an unanswered prompt keeps response absent"
     );
-    // The agent was interrupted: it writes nothing more.
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // The agent was interrupted: it writes nothing more. A later draft is
+    // the next thing on the chat, and the state is what the mirror holds.
+    let marker = c.dispatch(&chat, draft("after the cancel")).await;
+    let next = c.wait_for(Some(&mut m), |e| e.channel == chat).await;
+    assert_eq!(
+        next.origin.as_ref().map(|o| o.client_seq),
+        Some(marker),
+        "nothing arrived between the cancel and the marker: {next:?}"
+    );
     assert_eq!(fresh_chat(&server, &chat).await, m.state);
     server.stop().await;
 }

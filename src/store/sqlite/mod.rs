@@ -1,0 +1,194 @@
+//! The embedded default store: SQLite in WAL mode, written by one thread that
+//! group-commits the pending writes of every channel in one transaction.
+//!
+//! Actors hand batches to the writer through a channel and await a oneshot;
+//! the writer drains whatever is queued, commits it as one transaction (one
+//! fsync with `synchronous=FULL`), and then answers every waiter. Under load
+//! many chats' actions share each commit, which is where the throughput comes
+//! from. Reads (start-up recovery, turn paging) use a second connection.
+//!
+//! `schema` creates and migrates the tables, `writer` is the writer thread
+//! and its group commit, `recovery` the reads.
+
+mod recovery;
+mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use super::{
+    Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, Recovered, RecoveredChannel,
+};
+use writer::{Op, Writer};
+
+/// How hard a commit waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Durability {
+    /// `synchronous=FULL`: a commit survives power loss.
+    Full,
+    /// `synchronous=NORMAL`: survives a process crash, not power loss (the
+    /// last commits may be lost on an OS crash).
+    Relaxed,
+}
+
+/// The SQLite journal.
+pub struct SqliteJournal {
+    path: PathBuf,
+    tx: Mutex<mpsc::Sender<Op>>,
+    /// Records per channel, as committed (for `len`).
+    lens: Arc<DashMap<String, u64>>,
+    reader: Mutex<Connection>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> JournalError {
+    JournalError::Unavailable(e.to_string())
+}
+
+impl SqliteJournal {
+    /// Open (or create) the store in `dir`. Fails with a message that names
+    /// the directory and the cause: not creatable, not writable, not a
+    /// database.
+    pub fn open(dir: &Path, durability: Durability) -> Result<Self, JournalError> {
+        schema::create_private_dir(dir).map_err(|e| {
+            unavailable(format!(
+                "cannot create the data directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        let path = dir.join("tandem.db");
+        schema::create_private_file(&path)
+            .map_err(|e| unavailable(format!("cannot create the store {}: {e}", path.display())))?;
+        let describe = |e: rusqlite::Error| {
+            unavailable(format!("cannot open the store {}: {e}", path.display()))
+        };
+        let writer = schema::open_conn(&path, durability).map_err(describe)?;
+        schema::create(&writer).map_err(describe)?;
+        let reader = schema::open_conn(&path, durability).map_err(describe)?;
+        reader
+            .execute_batch("PRAGMA query_only = ON;")
+            .map_err(describe)?;
+        let lens = Arc::new(DashMap::new());
+        {
+            let mut stmt = reader
+                .prepare("SELECT uri, len FROM channels")
+                .map_err(describe)?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+                .map_err(describe)?;
+            for row in rows {
+                let (uri, len) = row.map_err(describe)?;
+                lens.insert(uri, len as u64);
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        let writer_lens = lens.clone();
+        std::thread::Builder::new()
+            .name("tandem-journal".into())
+            .spawn(move || Writer::new(writer, writer_lens).run(rx))
+            .map_err(unavailable)?;
+        Ok(Self {
+            path,
+            tx: Mutex::new(tx),
+            lens,
+            reader: Mutex::new(reader),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn send(&self, op: Op) -> bool {
+        self.tx.lock().send(op).is_ok()
+    }
+}
+
+fn closed() -> JournalError {
+    JournalError::Unavailable("the journal writer has stopped".into())
+}
+
+impl Journal for SqliteJournal {
+    fn create_channel(&self, info: ChannelInfo) -> Commit {
+        let (done, rx) = oneshot::channel();
+        if !self.send(Op::Create(info, done)) {
+            return Box::pin(std::future::ready(Err(closed())));
+        }
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(closed())) })
+    }
+
+    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
+        let (done, rx) = oneshot::channel();
+        let op = Op::Append {
+            channel: channel.to_owned(),
+            expected: expected_seq,
+            batch,
+            done,
+        };
+        if !self.send(op) {
+            return Box::pin(std::future::ready(Err(closed())));
+        }
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(closed())) })
+    }
+
+    fn remove(&self, channel: &str) {
+        self.send(Op::Remove(channel.to_owned()));
+    }
+
+    fn len(&self, channel: &str) -> u64 {
+        self.lens.get(channel).map_or(0, |l| *l)
+    }
+
+    fn turns_before(
+        &self,
+        chat: &str,
+        before: u64,
+        limit: u64,
+    ) -> Result<Vec<Arc<str>>, JournalError> {
+        recovery::turns_before(&self.reader.lock(), chat, before, limit)
+    }
+
+    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        if !self.send(Op::Reserve(upto, tx)) {
+            return Err(closed());
+        }
+        rx.recv().unwrap_or_else(|_| Err(closed()))
+    }
+
+    fn sync(&self) -> Result<(), JournalError> {
+        // Ops are committed in order, so a no-op reservation is a barrier.
+        self.reserve_seq(0)
+    }
+
+    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+        recovery::load_channel(&self.reader.lock(), uri)
+    }
+
+    fn recover(&self) -> Result<Recovered, JournalError> {
+        recovery::recover(&self.reader.lock())
+    }
+
+    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
+        let (done, rx) = oneshot::channel();
+        let op = Op::BindProvider {
+            provider: provider.to_owned(),
+            subject: subject.to_owned(),
+            done,
+        };
+        if !self.send(op) {
+            return Box::pin(std::future::ready(Err(closed())));
+        }
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(closed())) })
+    }
+}
+
+#[cfg(test)]
+mod tests;

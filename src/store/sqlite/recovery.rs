@@ -1,0 +1,237 @@
+//! Reads on the second connection: start-up recovery, one channel's stored
+//! state (to roll back after a failed append), and turn paging.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::unavailable;
+use crate::store::{
+    ChannelInfo, ChannelKind, JournalError, Record, Recovered, RecoveredChannel, SnapshotRecord,
+};
+
+/// Run the parameterless query `sql`, decode each row with `read` and hand
+/// it to `each`; stops at the first error `each` returns.
+fn for_each_row<T>(
+    conn: &Connection,
+    sql: &str,
+    read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    mut each: impl FnMut(T) -> Result<(), JournalError>,
+) -> Result<(), JournalError> {
+    let mut stmt = conn.prepare(sql).map_err(unavailable)?;
+    for row in stmt.query_map([], read).map_err(unavailable)? {
+        each(row.map_err(unavailable)?)?;
+    }
+    Ok(())
+}
+
+/// A row of (text, integer, text).
+fn text_int_text(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, i64, String)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+}
+
+/// Every stored provider binding.
+fn read_provider_owners(conn: &Connection) -> Result<BTreeMap<String, String>, JournalError> {
+    let mut owners = BTreeMap::new();
+    for_each_row(
+        conn,
+        "SELECT provider, subject FROM provider_owners",
+        |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        |(provider, subject)| {
+            owners.insert(provider, subject);
+            Ok(())
+        },
+    )?;
+    Ok(owners)
+}
+
+/// Up to `limit` stored turns of `chat` just before index `before`, oldest first.
+pub(super) fn turns_before(
+    conn: &Connection,
+    chat: &str,
+    before: u64,
+    limit: u64,
+) -> Result<Vec<Arc<str>>, JournalError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT turn FROM turns WHERE chat = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx",
+        )
+        .map_err(unavailable)?;
+    let start = before.saturating_sub(limit);
+    let rows = stmt
+        .query_map(params![chat, start as i64, before as i64], |r| {
+            r.get::<_, String>(0)
+        })
+        .map_err(unavailable)?;
+    rows.map(|r| r.map(Arc::from).map_err(unavailable))
+        .collect()
+}
+
+/// One channel as stored, or `None` if it is not.
+pub(super) fn load_channel(
+    conn: &Connection,
+    uri: &str,
+) -> Result<Option<RecoveredChannel>, JournalError> {
+    let row = conn
+        .query_row(
+            "SELECT kind, session, provider, title, created_at, len, owner FROM channels WHERE uri = ?1",
+            [uri],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, Option<String>>(6)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(unavailable)?;
+    let Some((kind, session, provider, title, created_at, len, owner)) = row else {
+        return Ok(None);
+    };
+    let kind = ChannelKind::parse(&kind)
+        .ok_or_else(|| unavailable(format!("channel {uri} has an unknown kind `{kind}`")))?;
+    let snapshot = conn
+        .query_row(
+            "SELECT at_seq, state FROM snapshots WHERE channel = ?1",
+            [uri],
+            |r| {
+                Ok(SnapshotRecord {
+                    at_seq: r.get::<_, i64>(0)? as u64,
+                    state: r.get::<_, String>(1)?.into(),
+                })
+            },
+        )
+        .optional()
+        .map_err(unavailable)?;
+    let from = snapshot.as_ref().map_or(0, |s| s.at_seq) as i64;
+    let mut stmt = conn
+        .prepare("SELECT action FROM actions WHERE channel = ?1 AND seq >= ?2 ORDER BY seq")
+        .map_err(unavailable)?;
+    let tail = stmt
+        .query_map(params![uri, from], |r| r.get::<_, String>(0))
+        .map_err(unavailable)?
+        .map(|r| r.map(Record::from).map_err(unavailable))
+        .collect::<Result<Vec<_>, _>>()?;
+    let turn_count: i64 = conn
+        .query_row(
+            "SELECT COALESCE(MAX(idx) + 1, 0) FROM turns WHERE chat = ?1",
+            [uri],
+            |r| r.get(0),
+        )
+        .map_err(unavailable)?;
+    Ok(Some(RecoveredChannel {
+        info: ChannelInfo {
+            uri: uri.to_owned(),
+            kind,
+            session,
+            provider,
+            title,
+            created_at,
+            owner,
+        },
+        snapshot,
+        tail,
+        len: len as u64,
+        turn_count: turn_count as u64,
+    }))
+}
+
+/// Every stored channel (sessions before their chats), the `serverSeq`
+/// floor and the provider bindings.
+pub(super) fn recover(conn: &Connection) -> Result<Recovered, JournalError> {
+    let seq_floor: u64 = conn
+        .query_row("SELECT value FROM meta WHERE key = 'seq_floor'", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .optional()
+        .map_err(unavailable)?
+        .unwrap_or(0) as u64;
+    let mut snapshots: HashMap<String, SnapshotRecord> = HashMap::new();
+    for_each_row(
+        conn,
+        "SELECT channel, at_seq, state FROM snapshots",
+        text_int_text,
+        |(c, at, state)| {
+            let record = SnapshotRecord {
+                at_seq: at as u64,
+                state: state.into(),
+            };
+            snapshots.insert(c, record);
+            Ok(())
+        },
+    )?;
+    let mut tails: HashMap<String, Vec<Record>> = HashMap::new();
+    for_each_row(
+        conn,
+        "SELECT channel, seq, action FROM actions ORDER BY channel, seq",
+        text_int_text,
+        |(c, seq, action)| {
+            let from = snapshots.get(&c).map_or(0, |s| s.at_seq);
+            if seq as u64 >= from {
+                tails.entry(c).or_default().push(action.into());
+            }
+            Ok(())
+        },
+    )?;
+    let mut turn_counts: HashMap<String, u64> = HashMap::new();
+    for_each_row(
+        conn,
+        "SELECT chat, MAX(idx) + 1 FROM turns GROUP BY chat",
+        |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+        |(c, n)| {
+            turn_counts.insert(c, n as u64);
+            Ok(())
+        },
+    )?;
+    let mut channels = Vec::new();
+    for_each_row(
+        conn,
+        "SELECT uri, kind, session, provider, title, created_at, len, owner FROM channels ORDER BY ord",
+        |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
+                r.get::<_, i64>(6)?,
+                r.get::<_, Option<String>>(7)?,
+            ))
+        },
+        |(uri, kind, session, provider, title, created_at, len, owner)| {
+            let Some(kind) = ChannelKind::parse(&kind) else {
+                return Err(unavailable(format!(
+                    "channel {uri} has an unknown kind `{kind}`"
+                )));
+            };
+            channels.push(RecoveredChannel {
+                snapshot: snapshots.remove(&uri),
+                tail: tails.remove(&uri).unwrap_or_default(),
+                len: len as u64,
+                turn_count: turn_counts.get(&uri).copied().unwrap_or(0),
+                info: ChannelInfo {
+                    uri,
+                    kind,
+                    session,
+                    provider,
+                    title,
+                    created_at,
+                    owner,
+                },
+            });
+            Ok(())
+        },
+    )?;
+    Ok(Recovered {
+        channels,
+        seq_floor,
+        provider_owners: read_provider_owners(conn)?,
+    })
+}

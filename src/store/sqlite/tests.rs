@@ -1,0 +1,359 @@
+//! The SQLite store: persistence across reopen, fencing, group commit.
+
+use super::*;
+use crate::store::{ChannelKind, Record, SnapshotRecord, TurnRecord};
+
+fn info(uri: &str) -> ChannelInfo {
+    ChannelInfo {
+        uri: uri.into(),
+        kind: ChannelKind::Chat,
+        session: Some("ahp-session:/s".into()),
+        provider: "scripted".into(),
+        title: "Chat".into(),
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        owner: None,
+    }
+}
+
+#[tokio::test]
+async fn appends_survive_reopen_with_snapshot_compaction() {
+    let dir = tempdir();
+    {
+        let j = SqliteJournal::open(&dir, Durability::Full).expect("open");
+        j.create_channel(info("ahp-chat:/a")).await.expect("create");
+        j.append("ahp-chat:/a", 0, Batch::of(vec!["1".into(), "2".into()]))
+            .await
+            .expect("append");
+        let conflict = j
+            .append("ahp-chat:/a", 0, Batch::of(vec!["x".into()]))
+            .await;
+        assert!(matches!(
+            conflict,
+            Err(JournalError::Conflict { found: 2, .. })
+        ));
+        j.append(
+            "ahp-chat:/a",
+            2,
+            Batch {
+                records: vec!["3".into()],
+                turns: vec![TurnRecord {
+                    index: 0,
+                    json: "turn0".into(),
+                }],
+                truncate_turns_from: None,
+                snapshot: Some(SnapshotRecord {
+                    at_seq: 3,
+                    state: "S".into(),
+                }),
+            },
+        )
+        .await
+        .expect("append with snapshot");
+        j.append("ahp-chat:/a", 3, Batch::of(vec!["4".into()]))
+            .await
+            .expect("tail");
+        j.reserve_seq(1000).expect("reserve");
+        assert_eq!(j.len("ahp-chat:/a"), 4);
+    }
+    let j = SqliteJournal::open(&dir, Durability::Full).expect("reopen");
+    let r = j.recover().expect("recover");
+    assert_eq!(r.seq_floor, 1000);
+    assert_eq!(r.channels.len(), 1);
+    let c = &r.channels[0];
+    assert_eq!(c.len, 4);
+    assert_eq!(c.snapshot.as_ref().map(|s| s.at_seq), Some(3));
+    assert_eq!(c.tail, vec![Record::from("4")]);
+    assert_eq!(c.turn_count, 1);
+    assert_eq!(j.len("ahp-chat:/a"), 4);
+    assert_eq!(
+        j.turns_before("ahp-chat:/a", 1, 10).expect("turns"),
+        vec![Arc::<str>::from("turn0")]
+    );
+    j.remove("ahp-chat:/a");
+    j.reserve_seq(1001).expect("barrier after remove");
+    assert!(j.recover().expect("recover").channels.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn provider_bindings_keep_their_first_owner_across_reopen() {
+    let dir = tempdir();
+    {
+        let j = SqliteJournal::open(&dir, Durability::Full).expect("open");
+        let (first, second) = tokio::join!(
+            j.bind_provider("p", "alice"),
+            j.bind_provider("p", "mallory")
+        );
+        assert_eq!(first, Ok("alice".into()), "queued first, bound first");
+        assert_eq!(second, Ok("alice".into()), "the later one learns the owner");
+        assert_eq!(j.bind_provider("q", "bob").await, Ok("bob".into()));
+    }
+    let j = SqliteJournal::open(&dir, Durability::Full).expect("reopen");
+    let owners = j.recover().expect("recover").provider_owners;
+    assert_eq!(
+        owners.into_iter().collect::<Vec<_>>(),
+        [("p".into(), "alice".into()), ("q".into(), "bob".into())]
+    );
+    assert_eq!(j.bind_provider("p", "mallory").await, Ok("alice".into()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_corrupt_file_and_an_unusable_directory_give_clear_errors() {
+    let dir = tempdir();
+    std::fs::write(
+        dir.join("tandem.db"),
+        b"this is not a database, just text that is long enough to be read",
+    )
+    .expect("write");
+    let err = SqliteJournal::open(&dir, Durability::Full)
+        .err()
+        .expect("corrupt file refused");
+    assert!(err.to_string().contains("tandem.db"), "{err}");
+    assert!(err.to_string().contains("not a database"), "{err}");
+    let file = dir.join("a-file");
+    std::fs::write(&file, b"x").expect("write");
+    let err = SqliteJournal::open(&file, Durability::Full)
+        .err()
+        .expect("file as dir refused");
+    assert!(
+        err.to_string().contains("cannot create the data directory"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A batch of `records` that also carries a turn, a truncation and a
+/// snapshot, so a refused append has every kind of write to leave out.
+fn full_batch(records: &[&str], turn_index: u64) -> Batch {
+    Batch {
+        records: records.iter().map(|r| Record::from(*r)).collect(),
+        turns: vec![TurnRecord {
+            index: turn_index,
+            json: "refused turn".into(),
+        }],
+        truncate_turns_from: Some(0),
+        snapshot: Some(SnapshotRecord {
+            at_seq: 99,
+            state: "refused snapshot".into(),
+        }),
+    }
+}
+
+#[tokio::test]
+async fn an_append_at_the_wrong_position_is_refused_and_changes_nothing() {
+    let dir = tempdir();
+    let chat = "ahp-chat:/fenced";
+    {
+        let j = SqliteJournal::open(&dir, Durability::Relaxed).expect("open");
+        j.create_channel(info(chat)).await.expect("create");
+        let mut first = Batch::of(vec!["1".into(), "2".into()]);
+        first.turns = vec![TurnRecord {
+            index: 0,
+            json: "turn0".into(),
+        }];
+        j.append(chat, 0, first).await.expect("append");
+        for expected in [0, 1, 3, 7] {
+            let refused = j.append(chat, expected, full_batch(&["x"], 0)).await;
+            assert_eq!(
+                refused,
+                Err(JournalError::Conflict {
+                    channel: chat.into(),
+                    expected,
+                    found: 2
+                }),
+                "an append expecting {expected} records"
+            );
+            assert_eq!(j.len(chat), 2);
+        }
+        j.sync().expect("sync");
+    }
+    let j = SqliteJournal::open(&dir, Durability::Relaxed).expect("reopen");
+    let c = j.load_channel(chat).expect("load").expect("stored");
+    assert_eq!(c.len, 2);
+    assert_eq!(c.tail, vec![Record::from("1"), Record::from("2")]);
+    assert!(c.snapshot.is_none(), "no refused snapshot");
+    assert_eq!(c.turn_count, 1, "no refused truncation or turn");
+    assert_eq!(
+        j.turns_before(chat, 1, 10).expect("turns"),
+        vec![Arc::<str>::from("turn0")]
+    );
+    // The right position still works.
+    j.append(chat, 2, Batch::of(vec!["3".into()]))
+        .await
+        .expect("append at the stored position");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A writer on a fresh store in `dir` (no thread: the test hands it groups).
+fn writer(dir: &Path) -> (Writer, Arc<DashMap<String, u64>>) {
+    let conn = schema::open_conn(&dir.join("tandem.db"), Durability::Relaxed).expect("open");
+    schema::create(&conn).expect("schema");
+    let lens = Arc::new(DashMap::new());
+    (Writer::new(conn, lens.clone()), lens)
+}
+
+/// A read connection on the store in `dir`.
+fn reader(dir: &Path) -> Connection {
+    schema::open_conn(&dir.join("tandem.db"), Durability::Relaxed).expect("open")
+}
+
+type Answer = oneshot::Receiver<Result<(), JournalError>>;
+
+fn create_op(uri: &str) -> (Op, Answer) {
+    let (done, rx) = oneshot::channel();
+    (Op::Create(info(uri), done), rx)
+}
+
+fn append_op(channel: &str, expected: u64, records: &[&str]) -> (Op, Answer) {
+    let (done, rx) = oneshot::channel();
+    let batch = Batch::of(records.iter().map(|r| Record::from(*r)).collect());
+    let op = Op::Append {
+        channel: channel.into(),
+        expected,
+        batch,
+        done,
+    };
+    (op, rx)
+}
+
+/// Commit one group and return each waiter's answer, in order.
+fn commit(w: &mut Writer, group: Vec<(Op, Answer)>) -> Vec<Result<(), JournalError>> {
+    let (ops, answers): (Vec<Op>, Vec<Answer>) = group.into_iter().unzip();
+    w.commit_group(ops);
+    answers
+        .into_iter()
+        .map(|mut a| a.try_recv().expect("every waiter is answered"))
+        .collect()
+}
+
+fn stored_actions(dir: &Path, channel: &str) -> Vec<String> {
+    let conn = reader(dir);
+    let mut stmt = conn
+        .prepare("SELECT action FROM actions WHERE channel = ?1 ORDER BY seq")
+        .expect("prepare");
+    stmt.query_map([channel], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows")
+}
+
+#[test]
+fn a_fenced_append_fails_alone_in_its_group() {
+    let dir = tempdir();
+    let (mut w, lens) = writer(&dir);
+    let results = commit(
+        &mut w,
+        vec![
+            create_op("ahp-chat:/a"),
+            append_op("ahp-chat:/a", 0, &["a1"]),
+            // Fenced by the append just before it in the same group.
+            append_op("ahp-chat:/a", 0, &["stale"]),
+            append_op("ahp-chat:/b", 3, &["b?"]),
+            append_op("ahp-chat:/a", 1, &["a2"]),
+        ],
+    );
+    assert_eq!(results[..2], [Ok(()), Ok(())]);
+    assert!(
+        matches!(
+            &results[2],
+            Err(JournalError::Conflict {
+                expected: 0,
+                found: 1,
+                ..
+            })
+        ),
+        "{:?}",
+        results[2]
+    );
+    assert!(
+        matches!(
+            &results[3],
+            Err(JournalError::Conflict {
+                expected: 3,
+                found: 0,
+                ..
+            })
+        ),
+        "{:?}",
+        results[3]
+    );
+    assert_eq!(results[4], Ok(()));
+    assert_eq!(stored_actions(&dir, "ahp-chat:/a"), ["a1", "a2"]);
+    assert!(stored_actions(&dir, "ahp-chat:/b").is_empty());
+    assert_eq!(lens.get("ahp-chat:/a").map(|l| *l), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn one_bad_write_fails_every_write_of_its_group_visibly() {
+    let dir = tempdir();
+    let (mut w, lens) = writer(&dir);
+    let created = commit(
+        &mut w,
+        vec![create_op("ahp-chat:/a"), create_op("ahp-chat:/b")],
+    );
+    assert_eq!(created, [Ok(()), Ok(())]);
+    // A write SQLite refuses (as a full disk or a constraint would).
+    reader(&dir)
+        .execute_batch(
+            "CREATE TRIGGER poison BEFORE INSERT ON actions WHEN NEW.action = 'poison'
+             BEGIN SELECT RAISE(ABORT, 'poisoned record'); END;",
+        )
+        .expect("trigger");
+
+    let (reserve, reserved) = mpsc::sync_channel(1);
+    let (bind, mut bound) = oneshot::channel();
+    let (ops, answers): (Vec<Op>, Vec<Answer>) = vec![
+        append_op("ahp-chat:/a", 0, &["good"]),
+        append_op("ahp-chat:/b", 0, &["poison"]),
+        create_op("ahp-chat:/c"),
+        append_op("ahp-chat:/a", 1, &["good too"]),
+    ]
+    .into_iter()
+    .unzip();
+    let mut ops = ops;
+    ops.push(Op::Reserve(77, reserve));
+    ops.push(Op::BindProvider {
+        provider: "p".into(),
+        subject: "alice".into(),
+        done: bind,
+    });
+    w.commit_group(ops);
+    for (i, mut a) in answers.into_iter().enumerate() {
+        let r = a.try_recv().expect("answered");
+        assert!(
+            matches!(&r, Err(JournalError::Unavailable(e)) if e.contains("poisoned record")),
+            "op {i} of the group: {r:?}"
+        );
+    }
+    assert!(reserved.try_recv().expect("answered").is_err());
+    assert!(bound.try_recv().expect("answered").is_err());
+
+    // Nothing of the group is stored, and no position moved.
+    assert!(stored_actions(&dir, "ahp-chat:/a").is_empty());
+    let r = recovery::recover(&reader(&dir)).expect("recover");
+    assert_eq!(r.seq_floor, 0);
+    assert!(r.provider_owners.is_empty());
+    let uris: Vec<_> = r.channels.iter().map(|c| c.info.uri.as_str()).collect();
+    assert_eq!(uris, ["ahp-chat:/a", "ahp-chat:/b"]);
+    assert_eq!(lens.get("ahp-chat:/a").map(|l| *l), Some(0));
+
+    // The writer goes on: the next group commits at the old positions.
+    let results = commit(
+        &mut w,
+        vec![
+            append_op("ahp-chat:/a", 0, &["good"]),
+            create_op("ahp-chat:/c"),
+        ],
+    );
+    assert_eq!(results, [Ok(()), Ok(())]);
+    assert_eq!(stored_actions(&dir, "ahp-chat:/a"), ["good"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempdir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tandem-store-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
