@@ -7,9 +7,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 
+use super::agent::AgentDirectory;
 use super::registry::Registry;
 use crate::config::Config;
-use crate::providers::Providers;
 use crate::publish::{rejection_frame, ConnId, Hub, Outbound, Publisher, ServerSeq};
 use crate::store::{Batch, Journal, JournalError, Record, SnapshotRecord, TurnRecord};
 
@@ -23,8 +23,9 @@ pub struct Shared {
     pub registry: Registry,
     /// Durable action log.
     pub journal: Arc<dyn Journal>,
-    /// Agents by provider id.
-    pub providers: Providers,
+    /// Agents by provider id (`providers::Providers` behind a trait, so
+    /// channels do not depend on providers).
+    pub providers: Arc<dyn AgentDirectory>,
     /// Every open connection's queue (closed with a reason at shutdown).
     pub connections: dashmap::DashMap<ConnId, Arc<Outbound>>,
     /// Open connections per token subject.
@@ -45,7 +46,7 @@ impl Shared {
         config: Config,
         auth: Option<crate::auth::Authenticator>,
         journal: Arc<dyn Journal>,
-        providers: Providers,
+        providers: Arc<dyn AgentDirectory>,
         arbiters: Vec<ArbiterHandle>,
         start_seq: u64,
     ) -> Self {
