@@ -6,11 +6,11 @@
 //! | module | job |
 //! |---|---|
 //! | [`protocol`] | JSON-RPC framing, method names, error codes |
-//! | [`channels`] | root, session and chat actors; registry; validation rules; session roll-up |
+//! | [`channels`] | root, session and chat actors; their one commit path; registry; validation rules; session roll-up; the agent API a chat calls (`channels::agent`) |
 //! | [`publish`] | `serverSeq`, ordered fan-out, replay ring, byte-bounded outbound queues |
 //! | [`store`] | the `Journal` trait between actors and storage; in-memory journal |
-//! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements |
-//! | [`providers`] | agents behind the host; the built-in `scripted` agent |
+//! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements; the approval policy (`interactions::policy`) |
+//! | [`providers`] | agents behind the host (implementing `channels::agent`); the built-in `scripted` agent |
 //! | [`server`] | actix-web app: `/ahp` WebSocket connections, `/healthz`, the embedded browser client (`web/`) at `/` |
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`config`] | tunables and limits |

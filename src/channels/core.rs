@@ -7,9 +7,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 
+use super::agent::AgentDirectory;
 use super::registry::Registry;
 use crate::config::Config;
-use crate::providers::Providers;
 use crate::publish::{rejection_frame, ConnId, Hub, Outbound, Publisher, ServerSeq};
 use crate::store::{Batch, Journal, JournalError, Record, SnapshotRecord, TurnRecord};
 
@@ -23,8 +23,9 @@ pub struct Shared {
     pub registry: Registry,
     /// Durable action log.
     pub journal: Arc<dyn Journal>,
-    /// Agents by provider id.
-    pub providers: Providers,
+    /// Agents by provider id (`providers::Providers` behind a trait, so
+    /// channels do not depend on providers).
+    pub providers: Arc<dyn AgentDirectory>,
     /// Every open connection's queue (closed with a reason at shutdown).
     pub connections: dashmap::DashMap<ConnId, Arc<Outbound>>,
     /// Open connections per token subject.
@@ -45,7 +46,7 @@ impl Shared {
         config: Config,
         auth: Option<crate::auth::Authenticator>,
         journal: Arc<dyn Journal>,
-        providers: Providers,
+        providers: Arc<dyn AgentDirectory>,
         arbiters: Vec<ArbiterHandle>,
         start_seq: u64,
     ) -> Self {
@@ -223,13 +224,17 @@ impl ChannelCore {
     }
 
     /// Publish an action that is not journaled (root's derived state); see
-    /// [`Publisher::publish_unjournaled`]. Dropped, and logged there, if the
-    /// store refused to reserve its `serverSeq`.
-    pub fn publish_unjournaled(&self, action: &StateAction, unscoped_only: bool) {
-        let json = serde_json::to_string(action).unwrap_or_else(|_| "null".into());
-        self.shared
+    /// [`Publisher::publish_unjournaled`]. `None`, and nothing published, if
+    /// the store refused to reserve its `serverSeq`.
+    pub fn publish_unjournaled(&self, json: &str, unscoped_only: bool) -> Option<ServerSeq> {
+        let seq = self
+            .shared
             .publisher
-            .publish_unjournaled(&self.uri, &self.hub, &json, unscoped_only);
+            .publish_unjournaled(&self.uri, &self.hub, json, unscoped_only);
+        if seq.is_none() {
+            tracing::error!(channel = %self.uri, "serverSeq not reserved; action not published");
+        }
+        seq
     }
 
     /// The journal refused a batch: nobody sees it, dispatchers are told, and

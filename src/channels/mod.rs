@@ -4,9 +4,15 @@
 //! Each actor owns its channel's state and is the only writer of it: it
 //! validates an action, reduces it with the official `ahp::reducers`, hands it
 //! to the journal, and only once the journal has it publishes it (through
-//! [`crate::publish::Publisher`]) to every subscriber.
+//! [`crate::publish::Publisher`]) to every subscriber. That path is written
+//! once, in [`commit`], for all three kinds of channel.
+//!
+//! Agents are reached through [`agent`]: the traits the chat calls, which
+//! `providers` implements.
 
+pub mod agent;
 pub mod chat;
+pub mod commit;
 pub mod core;
 pub mod recovery;
 pub mod registry;
@@ -17,6 +23,8 @@ pub mod validate;
 
 #[cfg(test)]
 mod props;
+#[cfg(test)]
+mod testing;
 
 use std::sync::Arc;
 

@@ -14,6 +14,7 @@ use ahp_types::actions::StateAction;
 use ahp_types::state::{ChatState, SessionState};
 
 use super::chat::{new_chat_state, ChatActor};
+use super::core::ChannelCore;
 use super::registry::{Channel, ChannelAddr};
 use super::root::RootActor;
 use super::session::{new_session_state, summary_of, AttachChats, SessionActor};
@@ -84,6 +85,16 @@ pub fn rebuild(c: &RecoveredChannel, turns_window: usize) -> Result<Rebuilt, Str
             }
             Ok(Rebuilt::Chat(Box::new(state), base))
         }
+    }
+}
+
+/// A channel as the store holds it now, rebuilt with its whole history in
+/// memory (to roll back after a failed append); `None` if it is not stored.
+pub fn reload(core: &ChannelCore) -> Result<Option<Rebuilt>, String> {
+    match core.shared.journal.load_channel(&core.uri) {
+        Ok(Some(c)) => rebuild(&c, usize::MAX).map(Some),
+        Ok(None) => Ok(None),
+        Err(e) => Err(format!("cannot read the store: {e}")),
     }
 }
 

@@ -5,7 +5,10 @@
 
 use std::collections::HashSet;
 
-use ahp_types::state::{ChatInputAnswered, ChatInputNumberAnswerValue, ChatInputTextQuestion};
+use ahp_types::state::{
+    ChatInputAnswer, ChatInputAnswerValue, ChatInputAnswered, ChatInputNumberAnswerValue,
+    ChatInputQuestion, ChatInputTextQuestion,
+};
 use serde_json::{json, Value};
 
 use super::*;

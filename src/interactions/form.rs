@@ -465,10 +465,7 @@ mod tests {
     #[test]
     fn every_supported_type_becomes_a_question() {
         let qs = questions(&every_type()).expect("supported");
-        let kinds: Vec<&str> = qs
-            .iter()
-            .map(crate::channels::validate::question_kind)
-            .collect();
+        let kinds: Vec<&str> = qs.iter().map(crate::interactions::question_kind).collect();
         assert_eq!(
             kinds,
             [

@@ -4,10 +4,13 @@
 
 pub mod form;
 pub mod link;
+pub mod policy;
 
 use std::collections::BTreeMap;
 
-use ahp_types::state::{ChatInputAnswer, ChatInputRequest, ChatInputResponseKind};
+use ahp_types::state::{
+    ChatInputAnswer, ChatInputQuestion, ChatInputRequest, ChatInputResponseKind,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -164,6 +167,19 @@ impl Settlement {
             reason: Some(reason.into()),
             ..Self::bare(outcome)
         }
+    }
+}
+
+/// The wire kind of a question.
+pub fn question_kind(q: &ChatInputQuestion) -> &'static str {
+    match q {
+        ChatInputQuestion::Text(_) => "text",
+        ChatInputQuestion::Number(_) => "number",
+        ChatInputQuestion::Integer(_) => "integer",
+        ChatInputQuestion::Boolean(_) => "boolean",
+        ChatInputQuestion::SingleSelect(_) => "single-select",
+        ChatInputQuestion::MultiSelect(_) => "multi-select",
+        ChatInputQuestion::Unknown(_) => "unknown",
     }
 }
 

@@ -1,44 +1,19 @@
 //! Agents behind the host. An agent gets turns and answers with actions and
 //! interactions through a [`ChatHandle`]; it never touches state directly.
+//! The API an agent implements ([`Agent`]) and the directory channels look
+//! agents up in ([`AgentDirectory`]) are defined by `channels`; this module
+//! provides them: [`Providers`] is the directory.
 
 pub mod remote;
 pub mod scripted;
 
 use std::sync::Arc;
 
-use actix::Addr;
-use ahp_types::actions::StateAction;
-use ahp_types::state::{AgentInfo, Message};
+use ahp_types::state::AgentInfo;
 use dashmap::DashMap;
-use tokio::sync::oneshot;
 
 use crate::auth::Principal;
-use crate::channels::chat::{AgentAction, ChatActor, Interact};
-use crate::channels::Rejection;
-use crate::interactions::{Interaction, Outcome, Settlement};
-
-/// One turn handed to an agent.
-pub struct AgentTurn {
-    /// Owning session URI.
-    pub session: Arc<str>,
-    /// The way back into the chat.
-    pub handle: ChatHandle,
-    /// The user message that started the turn.
-    pub message: Message,
-}
-
-/// An agent provider.
-pub trait Agent: Send + Sync + 'static {
-    /// What root state lists for it.
-    fn info(&self) -> AgentInfo;
-    /// Start serving a turn (spawn; do not block).
-    fn start_turn(&self, turn: AgentTurn);
-    /// The turn was cancelled; its open interactions already settled
-    /// `interrupted`.
-    fn cancel_turn(&self, _chat: &str, _turn_id: &str) {}
-    /// The turn ended (completed, errored, truncated away).
-    fn turn_ended(&self, _chat: &str, _turn_id: &str) {}
-}
+pub use crate::channels::agent::{Agent, AgentDirectory, AgentTurn, ChatHandle};
 
 /// Registered agents by provider id.
 #[derive(Default)]
@@ -206,57 +181,16 @@ impl Providers {
     }
 }
 
-/// An agent's handle on one turn of one chat.
-#[derive(Clone)]
-pub struct ChatHandle {
-    addr: Addr<ChatActor>,
-    /// Chat URI.
-    pub chat: Arc<str>,
-    /// The turn this handle serves.
-    pub turn_id: String,
-    /// When the turn started (for `duration`).
-    pub started_at: String,
-}
-
-impl ChatHandle {
-    pub(crate) fn new(
-        addr: Addr<ChatActor>,
-        chat: Arc<str>,
-        turn_id: String,
-        started_at: String,
-    ) -> Self {
-        Self {
-            addr,
-            chat,
-            turn_id,
-            started_at,
-        }
+impl AgentDirectory for Providers {
+    fn get(&self, provider: &str) -> Option<Arc<dyn Agent>> {
+        Providers::get(self, provider)
     }
 
-    /// Send an action; resolves once it is published, or with the reason it
-    /// was refused (e.g. the turn was cancelled meanwhile).
-    pub async fn emit(&self, action: StateAction) -> Result<(), Rejection> {
-        let (reply, rx) = oneshot::channel();
-        self.addr
-            .send(AgentAction { action, reply })
-            .await
-            .map_err(|_| Rejection::new("the chat is gone"))?;
-        rx.await.map_err(|_| Rejection::new("the chat is gone"))?
+    fn infos(&self) -> Vec<AgentInfo> {
+        Providers::infos(self)
     }
 
-    /// Wait for a person. Always resolves, exactly once: a chat that goes away
-    /// settles it `aborted`.
-    pub async fn interact(&self, interaction: Interaction) -> Settlement {
-        let (reply, rx) = oneshot::channel();
-        let sent = self.addr.send(Interact {
-            turn_id: self.turn_id.clone(),
-            interaction,
-            reply,
-        });
-        if sent.await.is_err() {
-            return Settlement::with_reason(Outcome::Aborted, "the chat is gone");
-        }
-        rx.await
-            .unwrap_or_else(|_| Settlement::with_reason(Outcome::Aborted, "the chat is gone"))
+    fn default_provider(&self) -> &str {
+        scripted::PROVIDER_ID
     }
 }

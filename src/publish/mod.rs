@@ -78,7 +78,7 @@ struct RingEntry {
     seq: u64,
     channel: Arc<str>,
     /// Only for connections that see every session (see
-    /// [`Publisher::publish_unscoped`]).
+    /// [`Publisher::publish_unjournaled`]).
     unscoped_only: bool,
     /// The serialized `ActionEnvelope` (the `params` of an `action` notification).
     envelope: Arc<str>,

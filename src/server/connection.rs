@@ -125,6 +125,7 @@ pub async fn ahp_ws(
     };
     let conn = Connection {
         shared: state.shared.clone(),
+        agents: state.agents.clone(),
         root: state.root.clone(),
         out: out.clone(),
         client_id: None,
@@ -178,6 +179,9 @@ fn release_token_slot(shared: &Shared, subject: &str) {
 /// Connection state (lives as long as the socket).
 pub struct Connection {
     shared: Arc<Shared>,
+    /// Every provider, for registration (channels see them as an
+    /// [`AgentDirectory`](crate::channels::agent::AgentDirectory)).
+    agents: Arc<crate::providers::Providers>,
     root: Addr<RootActor>,
     out: Arc<Outbound>,
     /// Set by `initialize` or `reconnect`.
@@ -231,7 +235,7 @@ impl Actor for Connection {
             }
         }
         for p in self.providers.drain() {
-            self.shared.providers.connection_closed(&p, self.out.id());
+            self.agents.connection_closed(&p, self.out.id());
         }
         release_token_slot(&self.shared, &self.principal.subject);
         if self.shared.auth.is_none() {
@@ -812,8 +816,7 @@ impl Connection {
             }),
         };
         let claim = self
-            .shared
-            .providers
+            .agents
             .claim(
                 &p.provider,
                 &self.principal,
@@ -832,8 +835,7 @@ impl Connection {
                     .bind_provider(&p.provider, &self.principal.subject);
                 ctx.wait(bind.into_actor(self).map(move |stored, act, _| {
                     let done = act
-                        .shared
-                        .providers
+                        .agents
                         .bound(&p.provider, stored, &act.principal)
                         .map_err(register_error)
                         .and_then(|()| act.attach_provider(info));
@@ -850,8 +852,7 @@ impl Connection {
     /// Serve the claimed provider `info` on this connection.
     fn attach_provider(&mut self, info: ahp_types::state::AgentInfo) -> Result<(), RpcError> {
         let provider = info.provider.clone();
-        self.shared
-            .providers
+        self.agents
             .register_remote(
                 info,
                 self.out.clone(),
@@ -922,7 +923,7 @@ impl Connection {
             )));
         }
         let handle =
-            crate::providers::ChatHandle::new(chat, ch.uri.clone(), p.turn_id, String::new());
+            crate::channels::chat::ChatHandle::new(chat, ch.uri.clone(), p.turn_id, String::new());
         let fut = async move { handle.interact(interaction).await };
         self.open_interactions += 1;
         ctx.spawn(fut.into_actor(self).map(move |settlement, act, _| {

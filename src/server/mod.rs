@@ -35,6 +35,8 @@ pub struct AppState {
     pub shared: Arc<Shared>,
     /// The root actor (session lifecycle).
     pub root: Addr<RootActor>,
+    /// Every provider, for registration over connections.
+    pub agents: Arc<Providers>,
     /// Which web pages may open `/ahp`.
     pub origins: Arc<OriginPolicy>,
 }
@@ -168,7 +170,7 @@ where
                 let arbiters: Vec<Arbiter> = (0..config.actor_threads.max(1))
                     .map(|_| Arbiter::new())
                     .collect();
-                let providers = Providers::default();
+                let providers = Arc::new(Providers::default());
                 providers.register(Arc::new(ScriptedAgent));
                 let started = std::time::Instant::now();
                 let mut recovered = journal
@@ -180,7 +182,7 @@ where
                     config.clone(),
                     auth,
                     journal,
-                    providers,
+                    providers.clone(),
                     arbiters.iter().map(Arbiter::handle).collect(),
                     recovered.seq_floor,
                 ));
@@ -213,6 +215,7 @@ where
                 let state = AppState {
                     shared: shared.clone(),
                     root,
+                    agents: providers,
                     origins,
                 };
                 let idle_timeout = config.idle_timeout;

@@ -1,0 +1,47 @@
+//! What a chat needs from the agent behind its session, defined here so the
+//! arrow points one way: `providers` implements [`Agent`] and
+//! [`AgentDirectory`]; channels never name a provider.
+//!
+//! A turn reaches an agent as an [`AgentTurn`], whose
+//! [`ChatHandle`](super::chat::ChatHandle) is the agent's only way back into
+//! the chat: stream actions, open interactions, await settlements.
+
+use std::sync::Arc;
+
+use ahp_types::state::{AgentInfo, Message};
+
+pub use super::chat::ChatHandle;
+
+/// One turn handed to an agent.
+pub struct AgentTurn {
+    /// Owning session URI.
+    pub session: Arc<str>,
+    /// The way back into the chat.
+    pub handle: ChatHandle,
+    /// The user message that started the turn.
+    pub message: Message,
+}
+
+/// An agent, as a chat sees it.
+pub trait Agent: Send + Sync + 'static {
+    /// What root state lists for it.
+    fn info(&self) -> AgentInfo;
+    /// Start serving a turn (spawn; do not block).
+    fn start_turn(&self, turn: AgentTurn);
+    /// The turn was cancelled; its open interactions already settled
+    /// `interrupted`.
+    fn cancel_turn(&self, _chat: &str, _turn_id: &str) {}
+    /// The turn ended (completed, errored, truncated away).
+    fn turn_ended(&self, _chat: &str, _turn_id: &str) {}
+}
+
+/// The agents a channel can reach, by provider id. Root lists them and
+/// checks `createSession`'s provider; a chat starts and cancels turns.
+pub trait AgentDirectory: Send + Sync + 'static {
+    /// The agent registered under `provider`.
+    fn get(&self, provider: &str) -> Option<Arc<dyn Agent>>;
+    /// Every agent's info, sorted by provider id (root state's `agents`).
+    fn infos(&self) -> Vec<AgentInfo>;
+    /// The provider of a session created without one.
+    fn default_provider(&self) -> &str;
+}

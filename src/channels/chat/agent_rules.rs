@@ -1,0 +1,139 @@
+//! What an agent may send into its chat: never a person's decision, no
+//! unsafe link, and no confirmation of a tool that changes data unless the
+//! session's policy allows it (the default safety rule).
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use ahp_types::actions::{ActionOrigin, StateAction};
+use tokio::sync::oneshot;
+
+use super::{tool_name_of, ChatActor};
+use crate::channels::commit::ChannelActor;
+use crate::channels::core::Accepted;
+use crate::channels::session::ApprovalCheckpoint;
+use crate::channels::validate::{self, Rejection};
+use crate::interactions::{link, policy, tool_options};
+use crate::publish::Outbound;
+
+/// `_meta` key by which an agent declares a tool call read-only.
+pub const READ_ONLY_META: &str = "tandem/readOnly";
+
+/// An action from the chat's agent (`chat/delta`, `chat/turnComplete`, …).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AgentAction {
+    /// The action.
+    pub action: StateAction,
+    /// Answered once the action is published (or refused).
+    pub reply: oneshot::Sender<Result<(), Rejection>>,
+}
+
+impl Handler<AgentAction> for ChatActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AgentAction, ctx: &mut Self::Context) {
+        self.agent_action(ctx, msg.action, None, Some(msg.reply));
+    }
+}
+
+impl ChatActor {
+    /// An action from the chat's agent — in process, or dispatched by the
+    /// session's provider connection (`origin` then gets the echo).
+    pub(super) fn agent_action(
+        &mut self,
+        ctx: &mut Context<Self>,
+        action: StateAction,
+        origin: Option<(ActionOrigin, Arc<Outbound>)>,
+        done: Option<oneshot::Sender<Result<(), Rejection>>>,
+    ) {
+        let refuse = |act: &Self,
+                      origin: &Option<(ActionOrigin, Arc<Outbound>)>,
+                      done: Option<oneshot::Sender<Result<(), Rejection>>>,
+                      action: &StateAction,
+                      r: Rejection| {
+            if let Some((o, c)) = origin {
+                act.core.reject(c, o, action, &r.0);
+            }
+            if let Some(done) = done {
+                let _ = done.send(Err(r));
+            }
+        };
+        if let Some(e) = &self.core.store_failed {
+            let r = Rejection::new(format!(
+                "the store is unavailable ({e}); the chat is read-only"
+            ));
+            return refuse(self, &origin, done, &action, r);
+        }
+        if let StateAction::Unknown(raw) = &action {
+            return refuse(
+                self,
+                &origin,
+                done,
+                &action,
+                Rejection::new(validate::malformed_reason(raw)),
+            );
+        }
+        // A person's decision is never an agent's to make, in process or over
+        // a provider connection (which the connection refuses first).
+        if crate::auth::is_persons_act(&action) {
+            let r = Rejection::new(format!(
+                "`{}` is a person's act: an agent may not send it",
+                validate::action_type(&action)
+            ));
+            return refuse(self, &origin, done, &action, r);
+        }
+        if let StateAction::ChatInputRequested(r) = &action {
+            if let Some(Err(e)) = r.request.url.as_deref().map(link::check) {
+                return refuse(self, &origin, done, &action, Rejection::new(e.to_string()));
+            }
+        }
+        // Default safety: an agent may not confirm a tool that changes data on
+        // its own; only read-only tools, the session's mode or a grant can.
+        if let StateAction::ChatToolCallReady(r) = &action {
+            let read_only = r
+                .meta
+                .as_ref()
+                .and_then(|m| m.get(READ_ONLY_META))
+                .and_then(serde_json::Value::as_bool)
+                == Some(true);
+            if policy::agent_confirmation_checked(r.confirmed.is_some(), read_only) {
+                let tool_name = tool_name_of(&self.state, &r.tool_call_id).unwrap_or_default();
+                let check = self.session_addr.send(ApprovalCheckpoint { tool_name });
+                let mut ready = r.clone();
+                ctx.wait(check.into_actor(self).map(move |auto, act, ctx| {
+                    match auto.ok().flatten() {
+                        Some(reason) => ready.confirmed = Some(reason),
+                        None => {
+                            ready.confirmed = None;
+                            ready.options.get_or_insert_with(tool_options);
+                        }
+                    }
+                    act.agent_commit(ctx, StateAction::ChatToolCallReady(ready), origin, done);
+                }));
+                return;
+            }
+        }
+        self.agent_commit(ctx, action, origin, done);
+    }
+
+    fn agent_commit(
+        &mut self,
+        ctx: &mut Context<Self>,
+        action: StateAction,
+        origin: Option<(ActionOrigin, Arc<Outbound>)>,
+        done: Option<oneshot::Sender<Result<(), Rejection>>>,
+    ) {
+        match self.reduce(&action) {
+            Ok(()) => self.commit(ctx, vec![Accepted::new(action, origin)], done),
+            Err(r) => {
+                if let Some((o, c)) = &origin {
+                    self.core.reject(c, o, &action, &r.0);
+                }
+                if let Some(done) = done {
+                    let _ = done.send(Err(r));
+                }
+            }
+        }
+    }
+}

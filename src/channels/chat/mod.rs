@@ -1,0 +1,397 @@
+//! The chat actor: owner of one `ChatState`, its active turn, and every
+//! interaction open in it.
+//!
+//! Actions are handled one at a time. While a batch is in the journal the actor
+//! waits (`ctx.wait`), so the state a `subscribe` snapshots always equals what
+//! has been published — a snapshot never contains an action its subscriber
+//! will also receive.
+//!
+//! The actor's jobs, one file each: this file holds the actor, its client
+//! dispatches and its commit hooks; [`effects`] what a published action does
+//! (agent turns, settlements, the session roll-up); [`interactions`] opening
+//! interactions for agents; [`agent_rules`] what an agent may send;
+//! [`history`] turn history (`fetchTurns`, truncation) and disposal;
+//! [`pending`] `tandem/listPending`; [`handle`] the agents' client API.
+
+mod agent_rules;
+mod effects;
+mod handle;
+mod history;
+mod interactions;
+mod pending;
+#[cfg(test)]
+mod tests;
+
+pub use agent_rules::{AgentAction, READ_ONLY_META};
+pub use handle::ChatHandle;
+pub use history::{DisposeChat, FetchTurns};
+pub use interactions::Interact;
+pub use pending::{GetPending, PendingItem};
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use actix::prelude::*;
+use ahp_types::actions::{ChatErrorAction, StateAction};
+use ahp_types::state::{
+    ChatInputRequest, ChatState, ErrorInfo, ErrorResponsePart, ResponsePart, SessionInputRequest,
+    SessionStatus,
+};
+use tokio::sync::oneshot;
+
+use super::commit::{self, ChannelActor};
+use super::core::{Accepted, ChannelCore, Shared};
+use super::recovery::{self, Rebuilt};
+use super::rollup;
+use super::session::SessionActor;
+use super::validate::{self, Rejection};
+use super::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::interactions::{Outcome, Settlement};
+use crate::protocol::RpcError;
+use crate::publish::{Hub, ServerSeq};
+use crate::store::TurnRecord;
+use crate::time::{millis_since, now_rfc3339};
+
+/// An open input request an agent is waiting on.
+struct PendingInput {
+    turn_id: String,
+    reply: oneshot::Sender<Settlement>,
+    /// Any answer activity since it opened (disables the auto-resolution).
+    engaged: bool,
+    /// Set when the host completes the request for a reason of its own
+    /// (timeout, clarification), so the completion settles with that outcome.
+    forced: Option<Settlement>,
+    /// For a form: the schema the accepted answers become `content` for.
+    form_schema: Option<serde_json::Value>,
+}
+
+/// A tool call waiting for confirmation.
+struct PendingTool {
+    turn_id: String,
+    reply: oneshot::Sender<Settlement>,
+}
+
+/// One chat channel.
+pub struct ChatActor {
+    core: ChannelCore,
+    session: Arc<str>,
+    session_addr: Addr<SessionActor>,
+    /// Provider id of the owning session.
+    provider: String,
+    state: ChatState,
+    /// Every turn id ever started here (a reused id is rejected).
+    used_turn_ids: HashSet<String>,
+    inputs: HashMap<String, PendingInput>,
+    tools: HashMap<String, PendingTool>,
+    /// Last roll-up reported to the session.
+    rollup: Vec<SessionInputRequest>,
+    /// Last status reported to the session's chat catalog.
+    reported_status: u32,
+    /// Turns of the history before `state.turns` (stored, not in memory).
+    turn_base: u64,
+    /// Turns ended by actions reduced since the last commit.
+    pending_turns: Vec<TurnRecord>,
+    /// A truncation reduced since the last commit: drop stored turns from here.
+    pending_truncate: Option<u64>,
+    /// Recovered with a turn that was running when the server stopped.
+    crashed_turn: bool,
+    /// A failed append could not be rolled back: the in-memory state may hold
+    /// what the store does not, so it is not served.
+    unreadable: bool,
+    /// `serverSeq` of the envelope that opened each roll-up entry.
+    opened: HashMap<String, u64>,
+}
+
+impl ChatActor {
+    /// A new, empty chat.
+    pub fn new(
+        uri: Arc<str>,
+        hub: Arc<Hub>,
+        shared: Arc<Shared>,
+        session: Arc<str>,
+        session_addr: Addr<SessionActor>,
+        provider: String,
+        title: String,
+    ) -> Self {
+        let state = new_chat_state(&uri, title);
+        Self::recovered(uri, hub, shared, session, session_addr, provider, state, 0)
+    }
+
+    /// A chat rebuilt from the store. A turn that was running when the server
+    /// stopped ends with `chat/error` as soon as the actor starts.
+    #[allow(clippy::too_many_arguments)]
+    pub fn recovered(
+        uri: Arc<str>,
+        hub: Arc<Hub>,
+        shared: Arc<Shared>,
+        session: Arc<str>,
+        session_addr: Addr<SessionActor>,
+        provider: String,
+        state: ChatState,
+        turn_base: u64,
+    ) -> Self {
+        let used_turn_ids = state
+            .turns
+            .iter()
+            .map(|t| t.id.clone())
+            .chain(state.active_turn.iter().map(|t| t.id.clone()))
+            .collect();
+        Self {
+            reported_status: state.status,
+            rollup: rollup::open_items(&uri, &state),
+            crashed_turn: state.active_turn.is_some(),
+            core: ChannelCore::new(uri, hub, shared),
+            session,
+            session_addr,
+            provider,
+            state,
+            used_turn_ids,
+            inputs: HashMap::new(),
+            tools: HashMap::new(),
+            turn_base,
+            pending_turns: Vec::new(),
+            pending_truncate: None,
+            unreadable: false,
+            opened: HashMap::new(),
+        }
+    }
+
+    /// Settle every open interaction `aborted` (the chat takes no more input).
+    fn abort_all(&mut self, reason: &str) {
+        let inputs = std::mem::take(&mut self.inputs)
+            .into_values()
+            .map(|p| p.reply);
+        let tools = std::mem::take(&mut self.tools)
+            .into_values()
+            .map(|p| p.reply);
+        for reply in inputs.chain(tools) {
+            let _ = reply.send(Settlement::with_reason(Outcome::Aborted, reason));
+        }
+    }
+}
+
+impl ChannelActor for ChatActor {
+    type State = ChatState;
+
+    fn core(&self) -> &ChannelCore {
+        &self.core
+    }
+
+    fn parts(&mut self) -> (&mut ChannelCore, &ChatState) {
+        (&mut self.core, &self.state)
+    }
+
+    fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {
+        let turns_before = self.state.turns.len();
+        commit::reduce(&mut self.state, action)?;
+        if let StateAction::ChatTurnStarted(a) = action {
+            self.used_turn_ids.insert(a.turn_id.clone());
+        }
+        self.track_history(action, turns_before);
+        Ok(())
+    }
+
+    fn take_history(&mut self) -> (Vec<TurnRecord>, Option<u64>) {
+        (
+            std::mem::take(&mut self.pending_turns),
+            self.pending_truncate.take(),
+        )
+    }
+
+    fn published(&mut self, ctx: &mut Context<Self>, batch: Vec<(Accepted, ServerSeq)>) {
+        for (a, seq) in &batch {
+            self.note_opened(&a.action, seq.0);
+        }
+        for (a, _) in batch {
+            self.after_publish(ctx, a.action);
+        }
+        self.report_to_session();
+    }
+
+    /// Back to what the store holds, and every open interaction settled —
+    /// the chat takes no more writes.
+    fn roll_back(&mut self) {
+        self.pending_turns.clear();
+        self.pending_truncate = None;
+        match recovery::reload(&self.core) {
+            Ok(Some(Rebuilt::Chat(state, base))) => {
+                self.state = *state;
+                self.turn_base = base;
+            }
+            Ok(Some(_)) => tracing::error!(chat = %self.core.uri, "stored channel is not a chat"),
+            Ok(None) => self.state = new_chat_state(&self.core.uri, self.state.title.clone()),
+            Err(e) => {
+                tracing::error!(chat = %self.core.uri, error = %e, "cannot roll back");
+                self.unreadable = true;
+            }
+        }
+        self.abort_all("the store is unavailable");
+    }
+}
+
+impl Actor for ChatActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        if !std::mem::take(&mut self.crashed_turn) {
+            return;
+        }
+        if let Some(t) = &self.state.active_turn {
+            tracing::info!(chat = %self.core.uri, turn = %t.id, "ending a turn interrupted by a restart");
+            let err = chat_error(
+                &t.id,
+                &t.started_at,
+                "HostRestarted",
+                "the server restarted while this turn was running",
+            );
+            self.host_actions(ctx, vec![err], None);
+        }
+    }
+}
+
+impl Handler<ClientDispatch> for ChatActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClientDispatch, ctx: &mut Self::Context) {
+        let ClientDispatch {
+            conn,
+            origin,
+            action,
+            as_agent,
+        } = msg;
+        if as_agent {
+            if let StateAction::ChatTurnStarted(_) = action {
+                // The provider can also start turns like a client would.
+            } else {
+                self.agent_action(ctx, action, Some((origin, conn)), None);
+                return;
+            }
+        }
+        if let Some(e) = &self.core.store_failed {
+            let reason = format!("the store is unavailable ({e}); the chat is read-only");
+            self.core.reject(&conn, &origin, &action, &reason);
+            return;
+        }
+        let checked =
+            validate::answer_lengths(&action, self.core.shared.config.limits.max_answer_chars)
+                .and_then(|()| {
+                    validate::client_chat_action(
+                        &self.state,
+                        &action,
+                        &origin.client_id,
+                        &self.used_turn_ids,
+                    )
+                })
+                .and_then(|()| self.reduce(&action));
+        if let Err(r) = checked {
+            self.core.reject(&conn, &origin, &action, &r.0);
+            return;
+        }
+        self.commit(ctx, vec![Accepted::new(action, Some((origin, conn)))], None);
+    }
+}
+
+impl Handler<Subscribe> for ChatActor {
+    type Result = Result<SnapshotJson, RpcError>;
+
+    fn handle(&mut self, msg: Subscribe, _: &mut Self::Context) -> Self::Result {
+        self.core.subscribe(&msg.conn, &self.state)
+    }
+}
+
+/// A copy of the chat state (for tests and server-side reads).
+#[derive(Message)]
+#[rtype(result = "ChatState")]
+pub struct GetChatState;
+
+impl Handler<GetChatState> for ChatActor {
+    type Result = MessageResult<GetChatState>;
+
+    fn handle(&mut self, _: GetChatState, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.state.clone())
+    }
+}
+
+/// The request of an input part in the active or a finished turn.
+fn find_input<'a>(state: &'a ChatState, request_id: &str) -> Option<&'a ChatInputRequest> {
+    state
+        .active_turn
+        .iter()
+        .flat_map(|t| &t.response_parts)
+        .chain(state.turns.iter().flat_map(|t| &t.response_parts))
+        .find_map(|p| match p {
+            ResponsePart::InputRequest(i) if i.request.id == request_id => Some(&i.request),
+            _ => None,
+        })
+}
+
+/// The tool name of a call in the active turn.
+fn tool_name_of(state: &ChatState, tool_call_id: &str) -> Option<String> {
+    use ahp_types::state::ToolCallState as T;
+    find_tool(state, tool_call_id).and_then(|p| match p {
+        ResponsePart::ToolCall(tc) => Some(
+            match &tc.tool_call {
+                T::Streaming(s) => &s.tool_name,
+                T::PendingConfirmation(s) => &s.tool_name,
+                T::Running(s) => &s.tool_name,
+                T::AuthRequired(s) => &s.tool_name,
+                T::PendingResultConfirmation(s) => &s.tool_name,
+                T::Completed(s) => &s.tool_name,
+                T::Cancelled(s) => &s.tool_name,
+                T::Unknown(_) => return None,
+            }
+            .clone(),
+        ),
+        _ => None,
+    })
+}
+
+fn find_tool<'a>(state: &'a ChatState, tool_call_id: &str) -> Option<&'a ResponsePart> {
+    state.active_turn.iter().flat_map(|t| &t.response_parts).find(|p| {
+        matches!(p, ResponsePart::ToolCall(tc) if validate::tool_call_id_of(&tc.tool_call) == tool_call_id)
+    })
+}
+
+/// A `chat/error` ending `turn_id` now.
+pub fn chat_error(turn_id: &str, started_at: &str, error_type: &str, message: &str) -> StateAction {
+    StateAction::ChatError(ChatErrorAction {
+        turn_id: turn_id.to_owned(),
+        duration: millis_since(started_at),
+        part: ErrorResponsePart {
+            error: ErrorInfo {
+                error_type: error_type.to_owned(),
+                message: message.to_owned(),
+                stack: None,
+                meta: None,
+            },
+            resumable: None,
+        },
+        meta: None,
+    })
+}
+
+/// The state of a chat nobody has written to yet.
+pub fn new_chat_state(uri: &str, title: String) -> ChatState {
+    ChatState {
+        resource: uri.to_owned(),
+        title,
+        status: SessionStatus::Idle.bits(),
+        activity: None,
+        modified_at: now_rfc3339(),
+        changes: None,
+        origin: None,
+        movable: None,
+        interactivity: None,
+        working_directories: None,
+        changesets: None,
+        background_work: None,
+        canvases: None,
+        turns: Vec::new(),
+        turns_next_cursor: None,
+        active_turn: None,
+        steering_message: None,
+        queued_messages: None,
+        draft: None,
+        meta: None,
+    }
+}

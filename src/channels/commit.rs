@@ -1,0 +1,190 @@
+//! The one commit path of every channel actor (root, session, chat).
+//!
+//! An actor reduces an action into its state with the official reducer,
+//! hands the batch to the journal and waits (`ctx.wait`, so no other message
+//! sees a state the subscribers have not); once the journal has the batch it
+//! publishes every action and runs their effects. A refused append is never
+//! acknowledged: the dispatchers are told, the actor goes back to what the
+//! store holds, and the channel stops taking writes.
+
+use actix::prelude::*;
+use ahp::reducers::{
+    apply_action_to_chat, apply_action_to_root, apply_action_to_session, ReduceOutcome,
+};
+use ahp_types::actions::StateAction;
+use ahp_types::state::{ChatState, RootState, SessionState};
+use tokio::sync::oneshot;
+
+use super::core::{Accepted, ChannelCore};
+use super::validate::{action_type, Rejection};
+use crate::publish::ServerSeq;
+use crate::store::TurnRecord;
+
+/// Answered once a batch is published (or with why it was not).
+pub type Done = oneshot::Sender<Result<(), Rejection>>;
+
+/// A channel's state as the commit path sees it: reduced by one of the
+/// official reducers and serialized as is for snapshots.
+pub trait ChannelState: serde::Serialize {
+    /// The channel kind, as named in rejection reasons.
+    const KIND: &'static str;
+    /// Appended to the reason of an action that changed nothing.
+    const NO_EFFECT_HINT: &'static str = "";
+    /// The official reducer for this kind of channel.
+    fn apply(&mut self, action: &StateAction) -> ReduceOutcome;
+}
+
+impl ChannelState for ChatState {
+    const KIND: &'static str = "chat";
+    const NO_EFFECT_HINT: &'static str = " (unknown turn, part or id)";
+    fn apply(&mut self, action: &StateAction) -> ReduceOutcome {
+        apply_action_to_chat(self, action)
+    }
+}
+
+impl ChannelState for SessionState {
+    const KIND: &'static str = "session";
+    fn apply(&mut self, action: &StateAction) -> ReduceOutcome {
+        apply_action_to_session(self, action)
+    }
+}
+
+impl ChannelState for RootState {
+    const KIND: &'static str = "root";
+    fn apply(&mut self, action: &StateAction) -> ReduceOutcome {
+        apply_action_to_root(self, action)
+    }
+}
+
+/// Reduce `action` into `state`; an action the reducer does not apply is a
+/// rejection (and leaves the state as it was).
+pub fn reduce<S: ChannelState>(state: &mut S, action: &StateAction) -> Result<(), Rejection> {
+    match state.apply(action) {
+        ReduceOutcome::Applied => Ok(()),
+        ReduceOutcome::NoOp => Err(Rejection::new(format!(
+            "`{}` has no effect on this {}{}",
+            action_type(action),
+            S::KIND,
+            S::NO_EFFECT_HINT
+        ))),
+        ReduceOutcome::OutOfScope => Err(Rejection::new(format!(
+            "`{}` is not a {} action",
+            action_type(action),
+            S::KIND
+        ))),
+        ReduceOutcome::Invalid(e) => Err(Rejection::new(e.to_string())),
+    }
+}
+
+/// A channel actor: its core, its state, and what it does around a commit.
+/// The provided methods are the commit path; actors implement the hooks.
+pub trait ChannelActor: Actor<Context = Context<Self>> {
+    /// The channel's state.
+    type State: ChannelState;
+
+    /// Whether batches go through the journal. Root's state is derived from
+    /// the agents registered and the sessions stored, so it is published
+    /// without a journal entry and rebuilt at start-up.
+    const JOURNALED: bool = true;
+
+    /// The channel's identity and path to subscribers.
+    fn core(&self) -> &ChannelCore;
+
+    /// The core and the state at once (a batch is journaled with a snapshot
+    /// of the state).
+    fn parts(&mut self) -> (&mut ChannelCore, &Self::State);
+
+    /// Reduce one action into the state (the default is the official
+    /// reducer; the chat also tracks its turn history here).
+    fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection>;
+
+    /// What the next batch stores besides its actions: turns that ended, and
+    /// where a truncation cut the stored history.
+    fn take_history(&mut self) -> (Vec<TurnRecord>, Option<u64>) {
+        (Vec::new(), None)
+    }
+
+    /// The batch is journaled and published, each action with its
+    /// `serverSeq`: run its effects.
+    fn published(&mut self, ctx: &mut Context<Self>, batch: Vec<(Accepted, ServerSeq)>);
+
+    /// A batch was refused by the journal: go back to what the store holds
+    /// (what clients saw).
+    fn roll_back(&mut self);
+
+    /// Reduce host or agent actions in order (skipping any that no longer
+    /// apply) and commit them as one batch.
+    fn host_actions(
+        &mut self,
+        ctx: &mut Context<Self>,
+        actions: Vec<StateAction>,
+        done: Option<Done>,
+    ) {
+        let mut batch = Vec::with_capacity(actions.len());
+        for action in actions {
+            match self.reduce(&action) {
+                Ok(()) => batch.push(Accepted::new(action, None)),
+                Err(r) => {
+                    tracing::debug!(channel = %self.core().uri, reason = %r, "host action skipped")
+                }
+            }
+        }
+        self.commit(ctx, batch, done);
+    }
+
+    /// Journal a reduced batch; once durable publish it and run its effects,
+    /// then answer `done`. While the journal has it the actor handles nothing
+    /// else.
+    fn commit(&mut self, ctx: &mut Context<Self>, batch: Vec<Accepted>, done: Option<Done>) {
+        if batch.is_empty() {
+            if let Some(done) = done {
+                let _ = done.send(Ok(()));
+            }
+            return;
+        }
+        if !Self::JOURNALED {
+            publish_all(self, ctx, batch, done);
+            return;
+        }
+        let (turns, truncate) = self.take_history();
+        let (core, state) = self.parts();
+        let commit = core.append(&batch, turns, truncate, || {
+            serde_json::to_string(state).ok()
+        });
+        ctx.wait(commit.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(()) => publish_all(act, ctx, batch, done),
+            Err(e) => {
+                let reason = format!("not stored: {e}");
+                act.parts().0.commit_failed(e, &batch);
+                act.roll_back();
+                if let Some(done) = done {
+                    let _ = done.send(Err(Rejection::new(reason)));
+                }
+            }
+        }));
+    }
+}
+
+fn publish_all<A: ChannelActor>(
+    act: &mut A,
+    ctx: &mut Context<A>,
+    batch: Vec<Accepted>,
+    done: Option<Done>,
+) {
+    let core = act.parts().0;
+    let published = batch
+        .into_iter()
+        .filter_map(|a| {
+            let seq = if A::JOURNALED {
+                Some(core.publish(&a))
+            } else {
+                core.publish_unjournaled(&a.json, false)
+            };
+            seq.map(|seq| (a, seq))
+        })
+        .collect();
+    act.published(ctx, published);
+    if let Some(done) = done {
+        let _ = done.send(Ok(()));
+    }
+}

@@ -1,0 +1,298 @@
+//! Session creation and disposal, durable before visible: root lists a new
+//! session (`root/sessionAdded`, the session count, `listSessions`) and
+//! answers `createSession` only once its record and first actions are in
+//! the journal, and answers `disposeSession` and notifies its removal only
+//! once the journal has forgotten it.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use ahp_types::notifications::{PartialSessionSummary, SessionAddedParams, SessionRemovedParams};
+use ahp_types::state::SessionSummary;
+use ahp_types::ROOT_RESOURCE_URI;
+
+use super::RootActor;
+use crate::channels::registry::{Channel, ChannelAddr};
+use crate::channels::session::{DisposeSession, InitSession, SessionActor};
+use crate::channels::validate::Rejection;
+use crate::protocol::{errors, RpcError};
+use crate::publish::Hub;
+use crate::store::{ChannelInfo, ChannelKind};
+
+/// A session started but not yet stored: not listed, not counted, not
+/// announced.
+pub(super) struct Creating {
+    /// The summary `root/sessionAdded` carries (as created).
+    added: SessionSummary,
+    /// Summary changes reported meanwhile, announced after it.
+    changes: Vec<PartialSessionSummary>,
+}
+
+/// `createSession`.
+#[derive(Message)]
+#[rtype(result = "Result<(), RpcError>")]
+pub struct CreateSession {
+    /// The client-chosen `ahp-session:/<id>` URI.
+    pub uri: String,
+    /// Token subject creating it, and how many sessions it may own.
+    pub owner: Option<(String, usize)>,
+    /// Provider id (default: the directory's default, the built-in `scripted`).
+    pub provider: Option<String>,
+}
+
+impl Handler<CreateSession> for RootActor {
+    type Result = ResponseActFuture<Self, Result<(), RpcError>>;
+
+    fn handle(&mut self, msg: CreateSession, _: &mut Self::Context) -> Self::Result {
+        let (uri, stored) = match self.create_session(msg) {
+            Ok(started) => started,
+            Err(e) => return Box::pin(actix::fut::ready(Err(e))),
+        };
+        Box::pin(
+            stored
+                .into_actor(self)
+                .map(move |stored, act, _| match stored {
+                    Ok(()) => {
+                        act.session_stored(&uri);
+                        Ok(())
+                    }
+                    Err(r) => {
+                        act.session_not_stored(&uri);
+                        Err(RpcError::internal(format!(
+                            "the session could not be stored: {r}"
+                        )))
+                    }
+                }),
+        )
+    }
+}
+
+/// `disposeSession`.
+#[derive(Message)]
+#[rtype(result = "Result<(), RpcError>")]
+pub struct RemoveSession {
+    /// The session URI.
+    pub uri: String,
+}
+
+impl Handler<RemoveSession> for RootActor {
+    type Result = ResponseActFuture<Self, Result<(), RpcError>>;
+
+    fn handle(&mut self, msg: RemoveSession, _: &mut Self::Context) -> Self::Result {
+        let Some((addr, _)) = self.sessions.remove(msg.uri.as_str()) else {
+            return Box::pin(actix::fut::ready(Err(RpcError::new(
+                errors::SESSION_NOT_FOUND,
+                format!("no session `{}`", msg.uri),
+            ))));
+        };
+        // Gone for new requests at once; announced once the store forgot it.
+        let announced = self.creating.remove(msg.uri.as_str()).is_none();
+        self.core.shared.registry.remove(&msg.uri);
+        for owned in self.owned.values_mut() {
+            owned.remove(msg.uri.as_str());
+        }
+        let journal = self.core.shared.journal.clone();
+        let removed = async move {
+            addr.send(DisposeSession)
+                .await
+                .map_err(|_| "the session went away before it was removed".to_owned())?;
+            // `remove` is queued like any write: wait until the queue is durable.
+            tokio::task::spawn_blocking(move || journal.sync())
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())
+        };
+        Box::pin(removed.into_actor(self).map(move |removed, act, _| {
+            if let Err(e) = removed {
+                tracing::error!(session = %msg.uri, error = %e, "session removal not stored");
+                return Err(RpcError::internal(format!(
+                    "the removal could not be stored: {e}"
+                )));
+            }
+            if announced {
+                act.notify(
+                    &msg.uri,
+                    "root/sessionRemoved",
+                    &SessionRemovedParams {
+                        channel: ROOT_RESOURCE_URI.into(),
+                        session: msg.uri.clone(),
+                    },
+                );
+                act.session_count_changed();
+            }
+            Ok(())
+        }))
+    }
+}
+
+impl RootActor {
+    /// Check `msg`, start the session and its default chat, and return its
+    /// URI with a future that resolves once its record and its first
+    /// actions are stored.
+    fn create_session(
+        &mut self,
+        msg: CreateSession,
+    ) -> Result<(Arc<str>, impl Future<Output = Result<(), Rejection>>), RpcError> {
+        let prefix = "ahp-session:/";
+        let max_uri = self.core.shared.config.limits.max_uri_bytes;
+        if msg.uri.len() > max_uri {
+            return Err(RpcError::invalid_params(format!(
+                "a session URI of {} bytes is over the limit of {max_uri}",
+                msg.uri.len()
+            )));
+        }
+        if !msg.uri.starts_with(prefix)
+            || msg.uri.len() <= prefix.len()
+            || msg.uri[prefix.len()..].contains('/')
+        {
+            return Err(RpcError::invalid_params(format!(
+                "session URI `{}` must look like `ahp-session:/<id>`",
+                msg.uri
+            )));
+        }
+        let shared = self.core.shared.clone();
+        let provider = msg
+            .provider
+            .unwrap_or_else(|| shared.providers.default_provider().to_owned());
+        if shared.providers.get(&provider).is_none() {
+            return Err(RpcError::new(
+                errors::PROVIDER_NOT_FOUND,
+                format!("no provider `{provider}` is registered"),
+            ));
+        }
+        if shared.registry.contains(&msg.uri) {
+            return Err(RpcError::new(
+                errors::SESSION_ALREADY_EXISTS,
+                format!("session `{}` already exists", msg.uri),
+            ));
+        }
+        if let Some((owner, max)) = &msg.owner {
+            let n = self.owned.get(owner).map_or(0, |s| s.len());
+            if n >= *max {
+                return Err(RpcError::invalid_request(format!(
+                    "session limit reached: `{owner}` may create at most {max} sessions"
+                )));
+            }
+        }
+        let uri: Arc<str> = msg.uri.into();
+        if let Some((owner, _)) = &msg.owner {
+            self.note_owner(owner, uri.clone());
+        }
+        let session_actor = SessionActor::new(
+            uri.clone(),
+            Arc::new(Hub::default()),
+            shared.clone(),
+            provider.clone(),
+            self.me.clone(),
+        );
+        let summary = session_actor.summary();
+        // Queued before the session's first actions.
+        let recorded = shared.journal.create_channel(ChannelInfo {
+            uri: uri.to_string(),
+            kind: ChannelKind::Session,
+            session: None,
+            provider,
+            title: summary.title.clone(),
+            created_at: summary.created_at.clone(),
+            owner: msg.owner.as_ref().map(|(owner, _)| owner.clone()),
+        });
+        let (done, ready) = tokio::sync::oneshot::channel();
+        self.creating.insert(
+            uri.clone(),
+            Creating {
+                added: summary.clone(),
+                changes: Vec::new(),
+            },
+        );
+        let addr = self.start_session(uri.clone(), session_actor, summary);
+        addr.do_send(InitSession {
+            default_chat: format!("ahp-chat:/{}", uuid::Uuid::new_v4()).into(),
+            done,
+        });
+        let stored = async move {
+            recorded.await.map_err(|e| Rejection::new(e.to_string()))?;
+            ready
+                .await
+                .unwrap_or_else(|_| Err(Rejection::new("the session went away")))
+        };
+        Ok((uri, stored))
+    }
+
+    /// The new session is stored: list it, count it, announce it (and what
+    /// changed in it meanwhile).
+    fn session_stored(&mut self, uri: &Arc<str>) {
+        // Disposed meanwhile: never announced, nothing to take back.
+        let Some(creating) = self.creating.remove(uri) else {
+            return;
+        };
+        self.notify(
+            uri,
+            "root/sessionAdded",
+            &SessionAddedParams {
+                channel: ROOT_RESOURCE_URI.into(),
+                summary: creating.added,
+            },
+        );
+        self.session_count_changed();
+        for changes in creating.changes {
+            self.notify_summary_changed(uri, changes);
+        }
+    }
+
+    /// The new session could not be stored: it never existed for clients.
+    fn session_not_stored(&mut self, uri: &Arc<str>) {
+        if self.creating.remove(uri).is_none() {
+            return;
+        }
+        if let Some((addr, _)) = self.sessions.remove(uri) {
+            addr.do_send(DisposeSession);
+        }
+        self.core.shared.registry.remove(uri);
+        for owned in self.owned.values_mut() {
+            owned.remove(uri);
+        }
+    }
+
+    /// Whether `session` is started but not yet stored (not announced).
+    pub(super) fn is_creating(&self, session: &str) -> bool {
+        self.creating.contains_key(session)
+    }
+
+    /// Hold a summary change of a session not yet announced.
+    pub(super) fn defer_summary_change(&mut self, session: &str, changes: PartialSessionSummary) {
+        if let Some(c) = self.creating.get_mut(session) {
+            c.changes.push(changes);
+        }
+    }
+
+    /// `owner` created `session` (counted against its session limit).
+    pub fn note_owner(&mut self, owner: &str, session: Arc<str>) {
+        self.owned
+            .entry(owner.to_owned())
+            .or_default()
+            .insert(session);
+    }
+
+    /// Start a session actor, register it, and list it.
+    pub fn start_session(
+        &mut self,
+        uri: Arc<str>,
+        actor: SessionActor,
+        summary: SessionSummary,
+    ) -> Addr<SessionActor> {
+        let shared = self.core.shared.clone();
+        let hub = actor.hub();
+        let provider: Arc<str> = summary.provider.as_str().into();
+        let addr = SessionActor::start_in_arbiter(&shared.next_arbiter(), move |_| actor);
+        shared.registry.insert(Channel {
+            uri: uri.clone(),
+            hub,
+            addr: ChannelAddr::Session(addr.clone()),
+            session: Some(uri.clone()),
+            provider: Some(provider),
+        });
+        self.sessions.insert(uri, (addr.clone(), summary));
+        addr
+    }
+}

@@ -1,0 +1,312 @@
+//! The session actor: owner of one `SessionState` — its chat catalog, config,
+//! and the roll-up of everything its chats wait on.
+
+mod approval;
+mod chats;
+mod state;
+
+pub use approval::{ApprovalCheckpoint, GrantTool, TurnCheckpoint};
+pub use chats::{
+    ChatSummaryChanged, CreateChat, DisposeSession, ListPending, RemoveChat, RollupChanged,
+};
+pub use state::{new_session_state, summary_of};
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use ahp_types::actions::{SessionReadyAction, StateAction};
+use ahp_types::notifications::PartialSessionSummary;
+use ahp_types::state::{SessionState, SessionSummary};
+
+use super::chat::ChatActor;
+use super::commit::{self, ChannelActor, Done};
+use super::core::{Accepted, ChannelCore, Shared};
+use super::recovery::{self, Rebuilt};
+use super::root::{RootActor, SessionSummaryChanged};
+use super::validate::{self, Rejection};
+use super::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::interactions::policy;
+use crate::protocol::RpcError;
+use crate::publish::{Hub, ServerSeq};
+use crate::time::now_rfc3339;
+
+/// One session channel.
+pub struct SessionActor {
+    core: ChannelCore,
+    state: SessionState,
+    root: Addr<RootActor>,
+    chats: Vec<(Arc<str>, Addr<ChatActor>)>,
+    created_at: String,
+    /// The summary as last reported to root (changes are diffed against it).
+    reported: SessionSummary,
+}
+
+impl SessionActor {
+    /// A new session of `provider`, not yet ready.
+    pub fn new(
+        uri: Arc<str>,
+        hub: Arc<Hub>,
+        shared: Arc<Shared>,
+        provider: String,
+        root: Addr<RootActor>,
+    ) -> Self {
+        Self::recovered(
+            uri,
+            hub,
+            shared,
+            new_session_state(provider),
+            now_rfc3339(),
+            root,
+        )
+    }
+
+    /// A session rebuilt from the store (its chats are attached after).
+    pub fn recovered(
+        uri: Arc<str>,
+        hub: Arc<Hub>,
+        shared: Arc<Shared>,
+        state: SessionState,
+        created_at: String,
+        root: Addr<RootActor>,
+    ) -> Self {
+        let reported = summary_of(&uri, &state, &created_at);
+        Self {
+            core: ChannelCore::new(uri, hub, shared),
+            state,
+            root,
+            chats: Vec::new(),
+            reported,
+            created_at,
+        }
+    }
+
+    /// The channel's subscriber hub.
+    pub fn hub(&self) -> Arc<Hub> {
+        self.core.hub.clone()
+    }
+
+    /// The catalog summary root keeps for `listSessions`.
+    pub fn summary(&self) -> SessionSummary {
+        summary_of(&self.core.uri, &self.state, &self.created_at)
+    }
+
+    /// Tell root (and through it `root/sessionSummaryChanged`) what changed.
+    fn report_summary(&mut self) {
+        let after = self.summary();
+        let before = std::mem::replace(&mut self.reported, after.clone());
+        let mut changes = PartialSessionSummary::default();
+        let mut any = false;
+        if after.title != before.title {
+            changes.title = Some(after.title.clone());
+            any = true;
+        }
+        if after.status != before.status {
+            changes.status = Some(after.status);
+            any = true;
+        }
+        if after.modified_at != before.modified_at {
+            changes.modified_at = Some(after.modified_at.clone());
+            any = true;
+        }
+        if after.chats != before.chats {
+            changes.chats = after.chats.clone();
+            any = true;
+        }
+        if after.default_chat != before.default_chat {
+            changes.default_chat = after.default_chat.clone();
+            any = true;
+        }
+        if any {
+            self.root.do_send(SessionSummaryChanged {
+                session: self.core.uri.clone(),
+                summary: after,
+                changes,
+            });
+        }
+    }
+
+    /// A title is shown in every client's session list and copied into
+    /// root notifications: it has a length limit.
+    fn check_title(&self, action: &StateAction) -> Result<(), Rejection> {
+        let StateAction::SessionTitleChanged(a) = action else {
+            return Ok(());
+        };
+        let max = self.core.shared.config.limits.max_title_chars;
+        let n = a.title.chars().count();
+        if n > max {
+            return Err(Rejection::new(format!(
+                "a title of {n} characters is over the limit of {max}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_config(&self, action: &StateAction) -> Result<(), Rejection> {
+        let StateAction::SessionConfigChanged(a) = action else {
+            return Ok(());
+        };
+        let schema = self.state.config.as_ref().map(|c| &c.schema);
+        for (key, value) in &a.config {
+            let Some(prop) = schema.and_then(|s| s.properties.get(key)) else {
+                return Err(Rejection::new(format!(
+                    "unknown session config property `{key}`"
+                )));
+            };
+            if prop.session_mutable == Some(false) {
+                return Err(Rejection::new(format!(
+                    "`{key}` cannot be changed after creation"
+                )));
+            }
+            if let Some(allowed) = &prop.r#enum {
+                if !allowed.contains(value) {
+                    return Err(Rejection::new(format!(
+                        "`{value}` is not an allowed value of `{key}`"
+                    )));
+                }
+            }
+        }
+        if a.replace == Some(true) {
+            return Err(Rejection::new(
+                "replacing the whole session config is not supported; send the changed keys",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Actor for SessionActor {
+    type Context = Context<Self>;
+}
+
+impl ChannelActor for SessionActor {
+    type State = SessionState;
+
+    fn core(&self) -> &ChannelCore {
+        &self.core
+    }
+
+    fn parts(&mut self) -> (&mut ChannelCore, &SessionState) {
+        (&mut self.core, &self.state)
+    }
+
+    fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {
+        commit::reduce(&mut self.state, action)
+    }
+
+    fn published(&mut self, _: &mut Context<Self>, _: Vec<(Accepted, ServerSeq)>) {
+        self.report_summary();
+    }
+
+    fn roll_back(&mut self) {
+        match recovery::reload(&self.core) {
+            Ok(Some(Rebuilt::Session(state))) => self.state = *state,
+            Ok(Some(_)) => {
+                tracing::error!(session = %self.core.uri, "stored channel is not a session")
+            }
+            Ok(None) => {
+                tracing::error!(session = %self.core.uri, "the session is not in the store")
+            }
+            Err(e) => tracing::error!(session = %self.core.uri, error = %e, "cannot roll back"),
+        }
+    }
+}
+
+/// Finish creating the session: default chat, then `session/ready`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct InitSession {
+    /// URI of the default chat.
+    pub default_chat: Arc<str>,
+    /// Answered once the session is stored and ready.
+    pub done: Done,
+}
+
+impl Handler<InitSession> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: InitSession, ctx: &mut Self::Context) {
+        let mut actions = self.add_chat(ctx, msg.default_chat, "Chat".into(), true);
+        actions.push(StateAction::SessionReady(SessionReadyAction {}));
+        self.host_actions(ctx, actions, Some(msg.done));
+    }
+}
+
+/// The chats of a recovered session, started by the server at start-up.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AttachChats(pub Vec<(Arc<str>, Addr<ChatActor>)>);
+
+impl Handler<AttachChats> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AttachChats, _: &mut Self::Context) {
+        self.chats.extend(msg.0);
+    }
+}
+
+impl Handler<ClientDispatch> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClientDispatch, ctx: &mut Self::Context) {
+        let ClientDispatch {
+            conn,
+            origin,
+            action,
+            ..
+        } = msg;
+        if let Some(e) = &self.core.store_failed {
+            let reason = format!("the store is unavailable ({e}); the session is read-only");
+            self.core.reject(&conn, &origin, &action, &reason);
+            return;
+        }
+        let ty = validate::action_type(&action);
+        let checked = if let StateAction::Unknown(raw) = &action {
+            Err(Rejection::new(validate::malformed_reason(raw)))
+        } else if !validate::CLIENT_SESSION_ACTIONS.contains(&ty.as_str()) {
+            Err(Rejection::new(format!(
+                "`{ty}` is not a client-dispatchable action"
+            )))
+        } else {
+            self.check_title(&action)
+                .and_then(|()| self.check_config(&action))
+        };
+        let checked = checked.and_then(|()| {
+            // Setting a config value to what it already is emits nothing.
+            if let StateAction::SessionConfigChanged(a) = &action {
+                let values = self.state.config.as_ref().map(|c| &c.values);
+                if policy::changes_nothing(values, &a.config) {
+                    return Err(Rejection::new(
+                        "no change: the session config already has these values",
+                    ));
+                }
+            }
+            self.reduce(&action)
+        });
+        if let Err(r) = checked {
+            self.core.reject(&conn, &origin, &action, &r.0);
+            return;
+        }
+        self.commit(ctx, vec![Accepted::new(action, Some((origin, conn)))], None);
+    }
+}
+
+impl Handler<Subscribe> for SessionActor {
+    type Result = Result<SnapshotJson, RpcError>;
+
+    fn handle(&mut self, msg: Subscribe, _: &mut Self::Context) -> Self::Result {
+        self.core.subscribe(&msg.conn, &self.state)
+    }
+}
+
+/// A copy of the session state.
+#[derive(Message)]
+#[rtype(result = "SessionState")]
+pub struct GetSessionState;
+
+impl Handler<GetSessionState> for SessionActor {
+    type Result = MessageResult<GetSessionState>;
+
+    fn handle(&mut self, _: GetSessionState, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.state.clone())
+    }
+}

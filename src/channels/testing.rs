@@ -1,0 +1,247 @@
+//! Test support for actor-level tests: a journal whose writes can be held,
+//! failed and observed, an agent directory with one agent that hands its
+//! turns to the test, and a root channel started on the test's system.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use ahp_types::state::AgentInfo;
+use ahp_types::ROOT_RESOURCE_URI;
+use tokio::sync::{mpsc, watch};
+
+use super::agent::{Agent, AgentDirectory, AgentTurn};
+use super::core::Shared;
+use super::registry::{Channel, ChannelAddr};
+use super::root::RootActor;
+use super::Subscribe;
+use crate::publish::{Hub, Outbound};
+use crate::store::{
+    Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered,
+    RecoveredChannel,
+};
+
+/// How long a test waits for anything before it fails.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A journal over [`MemoryJournal`] that reports every call as an event
+/// (`create <uri>`, `append <record>`, `sync`) and can hold new channels'
+/// records, hold `sync`, or fail appends, on demand.
+pub struct TestJournal {
+    inner: MemoryJournal,
+    events: watch::Sender<Vec<String>>,
+    /// `false`: `create_channel` futures wait until it turns `true`.
+    creates_open: watch::Sender<bool>,
+    /// `false`: `sync` blocks until it turns `true`.
+    sync_open: (parking_lot::Mutex<bool>, parking_lot::Condvar),
+    /// Appends fail with `Unavailable` (a full disk).
+    pub fail_appends: AtomicBool,
+}
+
+impl Default for TestJournal {
+    fn default() -> Self {
+        Self {
+            inner: MemoryJournal::new(),
+            events: watch::channel(Vec::new()).0,
+            creates_open: watch::channel(true).0,
+            sync_open: (parking_lot::Mutex::new(true), parking_lot::Condvar::new()),
+            fail_appends: AtomicBool::new(false),
+        }
+    }
+}
+
+impl TestJournal {
+    fn event(&self, e: String) {
+        self.events.send_modify(|v| v.push(e));
+    }
+
+    /// Wait until an event matching `pred` happened.
+    pub async fn wait_event(&self, what: &str, pred: impl Fn(&str) -> bool) {
+        let mut rx = self.events.subscribe();
+        let seen = tokio::time::timeout(WAIT, rx.wait_for(|v| v.iter().any(|e| pred(e)))).await;
+        assert!(
+            matches!(seen, Ok(Ok(_))),
+            "no {what} in {:?}",
+            self.events.borrow()
+        );
+    }
+
+    /// Every event so far.
+    pub fn events(&self) -> Vec<String> {
+        self.events.borrow().clone()
+    }
+
+    /// Hold (`false`) or release (`true`) new channels' records.
+    pub fn open_creates(&self, open: bool) {
+        self.creates_open.send_replace(open);
+    }
+
+    /// Hold (`false`) or release (`true`) `sync`.
+    pub fn open_sync(&self, open: bool) {
+        *self.sync_open.0.lock() = open;
+        self.sync_open.1.notify_all();
+    }
+}
+
+impl Journal for TestJournal {
+    fn create_channel(&self, info: ChannelInfo) -> Commit {
+        self.event(format!("create {}", info.uri));
+        let stored = self.inner.create_channel(info);
+        let mut open = self.creates_open.subscribe();
+        Box::pin(async move {
+            let _ = open.wait_for(|o| *o).await;
+            stored.await
+        })
+    }
+
+    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
+        for r in &batch.records {
+            self.event(format!("append {r}"));
+        }
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(JournalError::Unavailable(
+                "disk full".into(),
+            ))));
+        }
+        self.inner.append(channel, expected_seq, batch)
+    }
+
+    fn remove(&self, channel: &str) {
+        self.event(format!("remove {channel}"));
+        self.inner.remove(channel)
+    }
+
+    fn len(&self, channel: &str) -> u64 {
+        self.inner.len(channel)
+    }
+
+    fn turns_before(
+        &self,
+        chat: &str,
+        before: u64,
+        limit: u64,
+    ) -> Result<Vec<Arc<str>>, JournalError> {
+        self.inner.turns_before(chat, before, limit)
+    }
+
+    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
+        self.inner.reserve_seq(upto)
+    }
+
+    fn recover(&self) -> Result<Recovered, JournalError> {
+        self.inner.recover()
+    }
+
+    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
+        self.inner.bind_provider(provider, subject)
+    }
+
+    fn sync(&self) -> Result<(), JournalError> {
+        self.event("sync".into());
+        let mut open = self.sync_open.0.lock();
+        while !*open {
+            self.sync_open.1.wait(&mut open);
+        }
+        Ok(())
+    }
+
+    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+        self.inner.load_channel(uri)
+    }
+}
+
+/// Provider id of the test agent.
+pub const AGENT: &str = "test-agent";
+
+/// An agent that hands every turn it gets to the test.
+pub struct TestAgent {
+    turns: mpsc::UnboundedSender<AgentTurn>,
+}
+
+impl Agent for TestAgent {
+    fn info(&self) -> AgentInfo {
+        AgentInfo {
+            provider: AGENT.into(),
+            display_name: "Test agent".into(),
+            description: "Hands its turns to the test".into(),
+            models: Vec::new(),
+            protected_resources: None,
+            customizations: None,
+            capabilities: None,
+        }
+    }
+
+    fn start_turn(&self, turn: AgentTurn) {
+        let _ = self.turns.send(turn);
+    }
+}
+
+/// A directory holding only the [`TestAgent`].
+pub struct TestAgents(Arc<TestAgent>);
+
+impl TestAgents {
+    /// The directory, and the turns its agent is given.
+    pub fn new() -> (Arc<Self>, mpsc::UnboundedReceiver<AgentTurn>) {
+        let (turns, rx) = mpsc::unbounded_channel();
+        (Arc::new(Self(Arc::new(TestAgent { turns }))), rx)
+    }
+}
+
+impl AgentDirectory for TestAgents {
+    fn get(&self, provider: &str) -> Option<Arc<dyn Agent>> {
+        (provider == AGENT).then(|| self.0.clone() as Arc<dyn Agent>)
+    }
+
+    fn infos(&self) -> Vec<AgentInfo> {
+        vec![self.0.info()]
+    }
+
+    fn default_provider(&self) -> &str {
+        AGENT
+    }
+}
+
+/// The server context over `journal` and `agents`, default config.
+pub fn shared(journal: Arc<dyn Journal>, agents: Arc<dyn AgentDirectory>) -> Arc<Shared> {
+    Arc::new(Shared::new(
+        crate::Config::default(),
+        None,
+        journal,
+        agents,
+        Vec::new(),
+        0,
+    ))
+}
+
+/// Start and register the root channel, with a connection subscribed to it
+/// (what a client watching root would receive).
+pub async fn root(shared: &Arc<Shared>) -> (Addr<RootActor>, Arc<Outbound>) {
+    let hub = Arc::new(Hub::default());
+    let (s, h) = (shared.clone(), hub.clone());
+    let root = RootActor::create(move |ctx| RootActor::new(h, s, ctx.address()));
+    shared.registry.insert(Channel {
+        uri: ROOT_RESOURCE_URI.into(),
+        hub,
+        addr: ChannelAddr::Root(root.clone()),
+        session: None,
+        provider: None,
+    });
+    let watcher = Arc::new(Outbound::new(1 << 20));
+    root.send(Subscribe {
+        conn: watcher.clone(),
+        view_turns: None,
+    })
+    .await
+    .expect("root is running")
+    .expect("root subscribes");
+    (root, watcher)
+}
+
+/// The text frames queued on `conn` since the last call.
+pub fn frames(conn: &Outbound) -> Vec<String> {
+    conn.drain_for_test()
+        .into_iter()
+        .map(|f| f.to_string())
+        .collect()
+}
