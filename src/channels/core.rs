@@ -10,7 +10,7 @@ use ahp_types::actions::{ActionOrigin, StateAction};
 use super::registry::Registry;
 use crate::config::Config;
 use crate::providers::Providers;
-use crate::publish::{rejection_frame, ConnId, Hub, Outbound, Publisher, ServerSeq};
+use crate::publish::{rejection_frame, ConnId, Hub, Outbound, Publisher, Push, ServerSeq};
 use crate::store::{Batch, Journal, JournalError, Record, SnapshotRecord, TurnRecord};
 
 /// Server-wide context handed to every actor and connection.
@@ -160,7 +160,9 @@ impl ChannelCore {
     ) {
         let json = serde_json::to_string(action).unwrap_or_else(|_| "null".into());
         tracing::debug!(channel = %self.uri, client = %origin.client_id, reason, "action rejected");
-        conn.push_with_last_seq(|last| rejection_frame(&self.uri, &json, last, origin, reason));
+        conn.push(Push::AfterLastSeq(&|last| {
+            rejection_frame(&self.uri, &json, last, origin, reason)
+        }));
     }
 
     /// Start journaling a batch; the caller publishes when it resolves.

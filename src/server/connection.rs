@@ -36,7 +36,7 @@ use crate::protocol::methods::{self as m, decode_params};
 use crate::protocol::{self, errors, Incoming, RpcError};
 use crate::providers::{Claim, RegisterError};
 use crate::publish::outbound::CloseCause;
-use crate::publish::{Outbound, Replay};
+use crate::publish::{Outbound, Push, Replay};
 
 /// `GET /ahp`: upgrade to a WebSocket and start the connection.
 pub async fn ahp_ws(
@@ -272,7 +272,7 @@ impl StreamHandler<Result<Received, ReadError>> for Connection {
                     "binary frames are not supported: send one JSON-RPC message per text frame",
                 ),
             ),
-            Ok(Received::Ping(bytes)) => self.out.push_pong(bytes),
+            Ok(Received::Ping(bytes)) => self.out.push(Push::Pong(bytes)),
             Ok(Received::Pong) => {}
             Ok(Received::Close(reason)) => {
                 tracing::debug!(conn = self.out.id().0, ?reason, "client closed");
@@ -369,14 +369,18 @@ impl Connection {
     fn reply(&self, id: &Option<Value>, result: &Value) {
         if let Some(id) = id {
             self.out
-                .push_now(ByteString::from(protocol::encode_result(id, result)));
+                .push(Push::Response(ByteString::from(protocol::encode_result(
+                    id, result,
+                ))));
         }
     }
 
     fn reply_error(&self, id: &Value, err: RpcError) {
         tracing::debug!(conn = self.out.id().0, code = err.code, message = %err.message, "error reply");
         self.out
-            .push_now(ByteString::from(protocol::encode_error(id, &err)));
+            .push(Push::Response(ByteString::from(protocol::encode_error(
+                id, &err,
+            ))));
     }
 
     fn on_text(&mut self, text: &str, ctx: &mut Context<Self>) {
@@ -506,9 +510,9 @@ impl Connection {
                 };
                 if let Some(reason) = refused {
                     let json = serde_json::to_string(&p.action).unwrap_or_else(|_| "null".into());
-                    self.out.push_with_last_seq(|last| {
+                    self.out.push(Push::AfterLastSeq(&|last| {
                         crate::publish::rejection_frame(&p.channel, &json, last, &origin, &reason)
-                    });
+                    }));
                     self.reply(&id, &Value::Null);
                     return Ok(());
                 }

@@ -5,8 +5,8 @@
 //! the connection's [`Outbound`] and encodes it into one chunk, so a burst of
 //! envelopes costs one wake-up and one socket write per connection. No task
 //! or channel sits between the publishers and the socket. Writes are paced:
-//! a connection written less than `--write-pacing-ms` ago holds pushed
-//! frames until that much time has passed, so under a heavy stream they go
+//! on a connection written less than `--write-pacing-ms` ago, pushed frames
+//! wait until that much time has passed, so under a heavy stream they go
 //! out several per write (replies, pongs and closes never wait). Frames from the
 //! client arrive through [`Inbound`], which decodes and reassembles them
 //! within the frame limit. One [`heartbeat`] task pings every connection,
@@ -118,7 +118,7 @@ impl OutBody {
         }
     }
 
-    /// Take what is queued, holding pushed frames until the pacing deadline.
+    /// Take what is queued; pushed frames wait for the pacing deadline.
     /// Within the pacing window only the timer (or an urgent frame) wakes
     /// the socket, so a busy connection costs one wake-up per write.
     fn poll_take(&mut self, cx: &mut Context<'_>) -> Poll<Taken> {
@@ -135,7 +135,7 @@ impl OutBody {
                     return Poll::Ready(taken);
                 }
                 (Take::Empty, None) => return Poll::Pending,
-                (Take::Empty | Take::Held, Some(due)) => {
+                (Take::Empty | Take::Paced, Some(due)) => {
                     let due = due.into();
                     let timer = match self.timer.as_mut() {
                         Some(timer) => {
@@ -149,10 +149,10 @@ impl OutBody {
                     if timer.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
-                    // The deadline passed meanwhile: look again without a hold.
+                    // The deadline passed meanwhile: look again without pacing.
                     passed = true;
                 }
-                (Take::Held, None) => unreachable!("held only when asked to hold"),
+                (Take::Paced, None) => unreachable!("paced only when asked to pace"),
             }
         }
     }
