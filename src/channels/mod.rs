@@ -6,7 +6,9 @@
 //! to the journal, and only once the journal has it publishes it (through
 //! [`crate::publish::Publisher`]) to every subscriber.
 
+pub mod addr;
 pub mod chat;
+pub mod context;
 pub mod core;
 pub mod recovery;
 pub mod registry;
