@@ -1,5 +1,5 @@
 //! Write pacing: frames pushed to a busy connection share one write, while
-//! what a client waits for (its echo, a reply) is never held back.
+//! what a client waits for (its echo, a reply) is never paced.
 
 mod common;
 
@@ -47,13 +47,13 @@ async fn pushed_frames_wait_for_the_pacing_deadline_but_echoes_and_replies_do_no
     writer.wait_echo(None, seq).await;
     let first = envelope_within(&mut reader, PACING / 2)
         .await
-        .expect("the first envelope after a quiet spell is not held");
+        .expect("the first envelope after a quiet spell is not paced");
     let first_at = Instant::now();
     assert!(first_at - sent < PACING / 2, "{:?}", first_at - sent);
     assert_eq!(first.origin.unwrap().client_seq, seq);
 
     // More envelopes inside the window: the writer's own echoes come at once,
-    // the reader's copies are held.
+    // the reader's copies are paced.
     let mut seqs = Vec::new();
     for text in ["two", "three"] {
         let t = Instant::now();
@@ -61,7 +61,7 @@ async fn pushed_frames_wait_for_the_pacing_deadline_but_echoes_and_replies_do_no
         writer.wait_echo(None, seq).await;
         assert!(
             t.elapsed() < PACING / 2,
-            "an echo is never held: {:?}",
+            "an echo is never paced: {:?}",
             t.elapsed()
         );
         seqs.push(seq);
@@ -73,7 +73,7 @@ async fn pushed_frames_wait_for_the_pacing_deadline_but_echoes_and_replies_do_no
         "pushed envelopes wait for the pacing deadline"
     );
 
-    // A reply is never held, and it comes after the held envelopes.
+    // A reply is never paced, and it comes after the paced envelopes.
     let t = Instant::now();
     let _: Value = reader
         .client
@@ -89,11 +89,11 @@ async fn pushed_frames_wait_for_the_pacing_deadline_but_echoes_and_replies_do_no
     for seq in seqs {
         let env = envelope_within(&mut reader, Duration::from_millis(100))
             .await
-            .expect("held envelopes went out with the reply, before it");
+            .expect("paced envelopes went out with the reply, before it");
         assert_eq!(env.origin.unwrap().client_seq, seq);
     }
 
-    // With nothing urgent, held envelopes go out at the deadline.
+    // With nothing urgent, paced envelopes go out at the deadline.
     tokio::time::sleep(PACING + Duration::from_millis(200)).await;
     let seq = writer.dispatch(&chat, draft("four")).await;
     writer.wait_echo(None, seq).await;
@@ -109,7 +109,7 @@ async fn pushed_frames_wait_for_the_pacing_deadline_but_echoes_and_replies_do_no
     let gap = four_at.elapsed();
     assert!(
         gap >= PACING - Duration::from_millis(300),
-        "five was held until the deadline: {gap:?}"
+        "five waited for the deadline: {gap:?}"
     );
     assert_eq!(five.server_seq, four.server_seq + 1);
     server.stop().await;

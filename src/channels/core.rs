@@ -1,86 +1,14 @@
-//! What every channel actor shares: the server-wide context ([`Shared`]) and
-//! the journal-then-publish step ([`ChannelCore`]).
+//! What every channel actor shares: the journal-then-publish step
+//! ([`ChannelCore`]). The application context, [`Shared`], lives in
+//! [`super::context`].
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 
-use super::agent::AgentDirectory;
-use super::registry::Registry;
-use crate::config::Config;
-use crate::publish::{rejection_frame, ConnId, Hub, Outbound, Publisher, ServerSeq};
-use crate::store::{Batch, Journal, JournalError, Record, SnapshotRecord, TurnRecord};
-
-/// Server-wide context handed to every actor and connection.
-pub struct Shared {
-    /// Tunables.
-    pub config: Config,
-    /// `serverSeq`, replay ring, ordered fan-out.
-    pub publisher: Publisher,
-    /// Channel URI → actor.
-    pub registry: Registry,
-    /// Durable action log.
-    pub journal: Arc<dyn Journal>,
-    /// Agents by provider id (`providers::Providers` behind a trait, so
-    /// channels do not depend on providers).
-    pub providers: Arc<dyn AgentDirectory>,
-    /// Every open connection's queue (closed with a reason at shutdown).
-    pub connections: dashmap::DashMap<ConnId, Arc<Outbound>>,
-    /// Open connections per token subject.
-    pub connections_per_token: dashmap::DashMap<String, usize>,
-    /// What each principal may still send and have journaled now.
-    pub principals: crate::rate::Principals,
-    /// Token verification, when a secret is configured.
-    pub auth: Option<crate::auth::Authenticator>,
-    arbiters: Vec<ArbiterHandle>,
-    next_arbiter: AtomicUsize,
-}
-
-impl Shared {
-    /// Assemble the context. `auth` verifies tokens (built from
-    /// `config.auth_secret` by the start-up checks, which refuse a secret
-    /// that makes no key); `arbiters` are the threads actors are spread on.
-    pub fn new(
-        config: Config,
-        auth: Option<crate::auth::Authenticator>,
-        journal: Arc<dyn Journal>,
-        providers: Arc<dyn AgentDirectory>,
-        arbiters: Vec<ArbiterHandle>,
-        start_seq: u64,
-    ) -> Self {
-        let reserving = journal.clone();
-        Self {
-            publisher: Publisher::with_reserver(
-                start_seq,
-                config.replay_ring_len,
-                config.replay_ring_bytes,
-                Box::new(move |upto| reserving.reserve_seq(upto).map_err(|e| e.to_string())),
-            ),
-            config,
-            registry: Registry::default(),
-            journal,
-            providers,
-            connections: dashmap::DashMap::new(),
-            connections_per_token: dashmap::DashMap::new(),
-            principals: crate::rate::Principals::default(),
-            auth,
-            arbiters,
-            next_arbiter: AtomicUsize::new(0),
-        }
-    }
-
-    /// The arbiter for the next new actor (round robin), so chats run in
-    /// parallel across threads.
-    pub fn next_arbiter(&self) -> ArbiterHandle {
-        if self.arbiters.is_empty() {
-            return Arbiter::current();
-        }
-        let i = self.next_arbiter.fetch_add(1, Ordering::Relaxed) % self.arbiters.len();
-        self.arbiters[i].clone()
-    }
-}
+pub use super::context::Shared;
+use crate::publish::{rejection_frame, Hub, Outbound, Push, ServerSeq};
+use crate::store::{Batch, JournalError, Record, SnapshotRecord, TurnRecord};
 
 /// An action accepted by an actor, waiting for the journal.
 pub struct Accepted {
@@ -164,7 +92,9 @@ impl ChannelCore {
     ) {
         let json = serde_json::to_string(action).unwrap_or_else(|_| "null".into());
         tracing::debug!(channel = %self.uri, client = %origin.client_id, reason, "action rejected");
-        conn.push_with_last_seq(|last| rejection_frame(&self.uri, &json, last, origin, reason));
+        conn.push(Push::AfterLastSeq(&|last| {
+            rejection_frame(&self.uri, &json, last, origin, reason)
+        }));
     }
 
     /// Start journaling a batch; the caller publishes when it resolves.
@@ -227,10 +157,10 @@ impl ChannelCore {
     /// [`Publisher::publish_unjournaled`]. `None`, and nothing published, if
     /// the store refused to reserve its `serverSeq`.
     pub fn publish_unjournaled(&self, json: &str, unscoped_only: bool) -> Option<ServerSeq> {
-        let seq = self
-            .shared
-            .publisher
-            .publish_unjournaled(&self.uri, &self.hub, json, unscoped_only);
+        let seq =
+            self.shared
+                .publisher
+                .publish_unjournaled(&self.uri, &self.hub, json, unscoped_only);
         if seq.is_none() {
             tracing::error!(channel = %self.uri, "serverSeq not reserved; action not published");
         }

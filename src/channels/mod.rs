@@ -10,9 +10,11 @@
 //! Agents are reached through [`agent`]: the traits the chat calls, which
 //! `providers` implements.
 
+pub mod addr;
 pub mod agent;
 pub mod chat;
 pub mod commit;
+pub mod context;
 pub mod core;
 pub mod recovery;
 pub mod registry;

@@ -206,7 +206,6 @@ impl AgentDirectory for TestAgents {
 pub fn shared(journal: Arc<dyn Journal>, agents: Arc<dyn AgentDirectory>) -> Arc<Shared> {
     Arc::new(Shared::new(
         crate::Config::default(),
-        None,
         journal,
         agents,
         Vec::new(),

@@ -26,7 +26,7 @@ use super::{Agent, AgentTurn, ChatHandle};
 use crate::auth::Principal;
 use crate::channels::chat::chat_error;
 use crate::protocol::encode_notification;
-use crate::publish::{ConnId, Outbound};
+use crate::publish::{ConnId, Outbound, Push};
 
 /// The connection serving the provider, and who is on it.
 struct Serving {
@@ -97,7 +97,7 @@ impl RemoteAgent {
             }
         }
         for ((chat, turn_id), (session, _, message)) in &st.turns {
-            conn.push_now(turn_frame(session, chat, turn_id, message));
+            conn.push(Push::Response(turn_frame(session, chat, turn_id, message)));
         }
         st.serving = Some(Serving { conn, principal });
     }
@@ -182,8 +182,12 @@ impl Agent for RemoteAgent {
                 drop(st);
                 return self.refuse_turn(turn.handle, &turn.session);
             }
-            s.conn
-                .push_now(turn_frame(&turn.session, &key.0, &key.1, &turn.message));
+            s.conn.push(Push::Response(turn_frame(
+                &turn.session,
+                &key.0,
+                &key.1,
+                &turn.message,
+            )));
         }
         st.turns
             .insert(key, (turn.session, turn.handle, turn.message));
@@ -200,10 +204,11 @@ impl Agent for RemoteAgent {
             return;
         }
         if let Some(s) = &st.serving {
-            s.conn.push_now(ByteString::from(encode_notification(
-                "tandem/turnCancelled",
-                &json!({"channel": chat, "turnId": turn_id}),
-            )));
+            s.conn
+                .push(Push::Response(ByteString::from(encode_notification(
+                    "tandem/turnCancelled",
+                    &json!({"channel": chat, "turnId": turn_id}),
+                ))));
         }
     }
 

@@ -17,7 +17,7 @@ use ahp_types::actions::ActionOrigin;
 use bytestring::ByteString;
 use parking_lot::Mutex;
 
-pub use outbound::{ConnId, Outbound};
+pub use outbound::{ConnId, Outbound, Push};
 
 /// A position in the server-wide action order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -69,7 +69,7 @@ impl Hub {
             .iter()
             .filter(|s| s.sees_session(session))
         {
-            s.push_frame(frame.clone());
+            s.push(Push::Notification(frame.clone()));
         }
     }
 }
@@ -325,14 +325,14 @@ impl Publisher {
             match origin_conn {
                 Some(o) if o.id() == s.id() => {
                     origin_delivered = true;
-                    s.push_echo(seq, frame.clone());
+                    s.push(Push::Echo(seq, frame.clone()));
                 }
-                _ => s.push_envelope(seq, frame.clone()),
+                _ => s.push(Push::Envelope(seq, frame.clone())),
             }
         }
         drop(subs);
         if let (Some(o), false) = (origin_conn, origin_delivered) {
-            o.push_echo(seq, frame);
+            o.push(Push::Echo(seq, frame));
         }
         if self.ring_len > 0 && envelope.len() <= self.ring_bytes_limit {
             while st.ring.len() >= self.ring_len

@@ -1,10 +1,10 @@
 //! A connection's outbound queue, bounded in bytes.
 //!
 //! Publishers (chat, session and root actors) push frames without ever
-//! awaiting; the connection's socket side ([`crate::server`]'s response body)
-//! takes everything queued in one go and writes it with one socket write, so
-//! a burst of envelopes costs one wake-up and one system call per connection
-//! rather than one per frame. When the queued bytes of *pushed* frames
+//! awaiting; the connection's socket side (the transport's response body,
+//! which polls [`Outbound::poll_take`]) takes everything queued in one go
+//! and writes it with one socket write, so a burst of envelopes costs one
+//! wake-up and one system call per connection rather than one per frame. When the queued bytes of *pushed* frames
 //! (envelopes, notifications) would pass the limit the connection is marked
 //! for eviction: the queue is dropped and the socket is closed with a reason.
 //! The client recovers everything with `reconnect` (invariant 5).
@@ -18,6 +18,14 @@
 //! one reply. One large answer — a chat snapshot bigger than the limit —
 //! never evicts a client that reads, and envelopes that arrive while it
 //! drains are judged against their own budget.
+//!
+//! Two ways a frame can wait, with distinct names:
+//! - **held**: while the queue is gated ([`Outbound::gate`]), pushed frames
+//!   are held back until the reply being built (a snapshot) is queued ahead
+//!   of them ([`Outbound::ungate_with`]).
+//! - **paced**: the socket side writes a connection at most once per pacing
+//!   interval; a frame that is not urgent ([`Push`]) waits in the queue for
+//!   that deadline ([`Take::Paced`]), an urgent one wakes the socket at once.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +82,13 @@ pub enum Frame {
     Pong(Bytes),
 }
 
+impl Frame {
+    /// A pushed text frame (counted in the pushed frames' budget).
+    fn text(data: ByteString) -> Self {
+        Frame::Text { data, reply: false }
+    }
+}
+
 /// What the socket side took from the queue: frames to write in order, then,
 /// if set, the close to send.
 #[derive(Debug, Default)]
@@ -93,11 +108,35 @@ pub enum Take {
     /// Everything queued, to write now.
     Ready(Taken),
     /// Nothing queued: woken on the next push (the next urgent one when
-    /// holding).
+    /// pacing).
     Empty,
-    /// Frames are queued but none is urgent, and the caller asked to hold
-    /// them: woken only for an urgent frame (the caller keeps its own timer).
-    Held,
+    /// Frames are queued but none is urgent, and the caller is pacing its
+    /// writes: they wait for its deadline, and it is woken only for an
+    /// urgent frame (the caller keeps its own timer).
+    Paced,
+}
+
+/// What a pushed frame is, which says how it is counted and whether it
+/// waits for the socket side's pacing deadline.
+pub enum Push<'a> {
+    /// Another connection's action envelope carrying `serverSeq` `seq`:
+    /// counted, paced.
+    Envelope(u64, ByteString),
+    /// The envelope of this connection's own action, carrying `seq`: the
+    /// client waits for it, so it is urgent.
+    Echo(u64, ByteString),
+    /// A notification to every subscriber: counted, paced.
+    Notification(ByteString),
+    /// A frame the client is waiting for (the response to one of its
+    /// requests, a notification addressed to it alone), in order with the
+    /// frames pushed before it: counted, urgent.
+    Response(ByteString),
+    /// A response built from the last `serverSeq` pushed here (rejection
+    /// echoes carry it), atomically with reading it: counted, urgent.
+    AfterLastSeq(&'a dyn Fn(u64) -> ByteString),
+    /// A pong answering the client's ping with its payload: counted (a
+    /// client that pings and never reads is evicted like any other), urgent.
+    Pong(Bytes),
 }
 
 struct State {
@@ -114,9 +153,9 @@ struct State {
     close: Option<CloseCause>,
     /// The socket side waiting for frames.
     waker: Option<Waker>,
-    /// The socket side holds the queued frames until its pacing deadline and
-    /// only wants to be woken for urgent ones.
-    held_back: bool,
+    /// The socket side paces its writes: queued frames wait for its
+    /// deadline and it only wants to be woken for urgent ones.
+    pacing: bool,
     /// A frame that must not wait for the pacing deadline is queued (a
     /// reply, a pong, a close).
     urgent: bool,
@@ -129,10 +168,10 @@ struct State {
 }
 
 impl State {
-    /// The socket side's waker when frames were just queued, unless it holds
-    /// them for its pacing deadline and none is urgent.
+    /// The socket side's waker when frames were just queued, unless they
+    /// wait for its pacing deadline (none is urgent).
     fn waker_for_new_frames(&mut self) -> Option<Waker> {
-        if self.held_back && !self.urgent {
+        if self.pacing && !self.urgent {
             None
         } else {
             self.waker.take()
@@ -199,7 +238,7 @@ impl Outbound {
                 held: VecDeque::new(),
                 close: None,
                 waker: None,
-                held_back: false,
+                pacing: false,
                 urgent: false,
                 takes: 0,
                 seen_takes: 0,
@@ -252,74 +291,45 @@ impl Outbound {
         Self::enqueue(st, frame)
     }
 
-    fn push_locked(&self, st: &mut State, data: ByteString, urgent: bool) -> (bool, Option<Waker>) {
-        if st.close.is_some() {
-            return (false, None);
-        }
-        if st.bytes + data.len() > self.limit_bytes {
-            return (false, Self::overflow(st));
-        }
-        st.bytes += data.len();
-        let frame = Frame::Text { data, reply: false };
-        if st.gated {
+    /// Queue `frame` (already counted), held while gated unless it is a
+    /// control frame; returns the socket side's waker, to call once the lock
+    /// is released.
+    fn queue_counted(st: &mut State, frame: Frame, urgent: bool) -> Option<Waker> {
+        if st.gated && matches!(frame, Frame::Text { .. }) {
             st.held.push_back(frame);
-            (true, None)
+            None
         } else if urgent {
-            (true, Self::enqueue_urgent(st, frame))
+            Self::enqueue_urgent(st, frame)
         } else {
-            (true, Self::enqueue(st, frame))
+            Self::enqueue(st, frame)
         }
     }
 
-    fn push_counted(&self, seq: Option<u64>, frame: ByteString, urgent: bool) {
-        let waker = {
-            let mut st = self.state.lock();
-            let (pushed, waker) = self.push_locked(&mut st, frame, urgent);
-            if let (true, Some(seq)) = (pushed, seq) {
-                st.last_seq = st.last_seq.max(seq);
-            }
-            waker
-        };
-        wake(waker);
-    }
-
-    /// Push an action envelope frame carrying `seq` (someone else's action:
-    /// it may wait for the pacing deadline).
-    pub fn push_envelope(&self, seq: u64, frame: ByteString) {
-        self.push_counted(Some(seq), frame, false);
-    }
-
-    /// Push the echo of this connection's own action: the client waits for
-    /// it, so it never waits for the pacing deadline.
-    pub fn push_echo(&self, seq: u64, frame: ByteString) {
-        self.push_counted(Some(seq), frame, true);
-    }
-
-    /// Push a notification frame (counted against the limit).
-    pub fn push_frame(&self, frame: ByteString) {
-        self.push_counted(None, frame, false);
-    }
-
-    /// Push a frame the client is waiting for (the response to one of its
-    /// requests, a notification addressed to it alone), in order with the
-    /// frames pushed before it: counted, never held for pacing.
-    pub fn push_now(&self, frame: ByteString) {
-        self.push_counted(None, frame, true);
-    }
-
-    /// Queue a pong answering the client's ping (counted, so a client that
-    /// pings and never reads is evicted like any other).
-    pub fn push_pong(&self, payload: Bytes) {
+    /// Push a frame of the given class (see [`Push`]). Pushed frames count
+    /// against the limit; one past it evicts the connection.
+    pub fn push(&self, push: Push<'_>) {
         let waker = {
             let mut st = self.state.lock();
             if st.close.is_some() {
                 return;
             }
-            if st.bytes + payload.len() > self.limit_bytes {
+            let (frame, seq, urgent) = match push {
+                Push::Envelope(seq, data) => (Frame::text(data), Some(seq), false),
+                Push::Echo(seq, data) => (Frame::text(data), Some(seq), true),
+                Push::Notification(data) => (Frame::text(data), None, false),
+                Push::Response(data) => (Frame::text(data), None, true),
+                Push::AfterLastSeq(build) => (Frame::text(build(st.last_seq)), None, true),
+                Push::Pong(payload) => (Frame::Pong(payload), None, true),
+            };
+            let len = frame_len(&frame);
+            if st.bytes + len > self.limit_bytes {
                 Self::overflow(&mut st)
             } else {
-                st.bytes += payload.len();
-                Self::enqueue_urgent(&mut st, Frame::Pong(payload))
+                st.bytes += len;
+                if let Some(seq) = seq {
+                    st.last_seq = st.last_seq.max(seq);
+                }
+                Self::queue_counted(&mut st, frame, urgent)
             }
         };
         wake(waker);
@@ -334,17 +344,6 @@ impl Outbound {
         st.reply_bytes = 0;
         st.close = Some(CloseCause::Overflow);
         st.waker.take()
-    }
-
-    /// Push a frame built from the last `serverSeq` sent here (rejection echoes
-    /// carry it), atomically with reading it; never held for pacing.
-    pub fn push_with_last_seq(&self, build: impl FnOnce(u64) -> ByteString) {
-        let waker = {
-            let mut st = self.state.lock();
-            let frame = build(st.last_seq);
-            self.push_locked(&mut st, frame, true).1
-        };
-        wake(waker);
     }
 
     /// Hold later pushes until [`Outbound::ungate_with`], so a reply built
@@ -408,10 +407,10 @@ impl Outbound {
     }
 
     /// Take everything queued, or register `cx` to be woken when there is
-    /// something. With `hold`, queued frames stay queued unless one is urgent
-    /// (a reply, a pong, a close), and `cx` is woken only for an urgent one
-    /// even when nothing is queued yet: the socket side paces its writes and
-    /// keeps its own deadline.
+    /// something. With `pace`, queued frames wait for the caller's pacing
+    /// deadline unless one is urgent (a reply, a pong, a close), and `cx` is
+    /// woken only for an urgent one even when nothing is queued yet: the
+    /// socket side keeps its own deadline.
     ///
     /// Taken frames no longer count against the limit: from here on the
     /// HTTP layer's write buffer and the kernel hold them. While the peer
@@ -419,17 +418,17 @@ impl Outbound {
     /// taking, and the queue grows until it overflows; the kernel gives up
     /// on a peer that acknowledges nothing for the idle timeout
     /// (`TCP_USER_TIMEOUT`).
-    pub fn poll_take(&self, cx: &mut Context<'_>, hold: bool) -> Take {
+    pub fn poll_take(&self, cx: &mut Context<'_>, pace: bool) -> Take {
         let mut st = self.state.lock();
         let empty = st.frames.is_empty() && st.close.is_none();
-        if empty || (hold && !st.urgent && st.close.is_none()) {
+        if empty || (pace && !st.urgent && st.close.is_none()) {
             if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 st.waker = Some(cx.waker().clone());
             }
-            st.held_back = hold;
-            return if empty { Take::Empty } else { Take::Held };
+            st.pacing = pace;
+            return if empty { Take::Empty } else { Take::Paced };
         }
-        st.held_back = false;
+        st.pacing = false;
         st.takes = st.takes.wrapping_add(1);
         let mut budget = TAKE_BUDGET;
         let n = st
@@ -606,43 +605,43 @@ mod tests {
         let waker = Arc::new(Counter::default()).into();
         match o.poll_take(&mut Context::from_waker(&waker), false) {
             Take::Ready(t) => Some(t),
-            Take::Empty | Take::Held => None,
+            Take::Empty | Take::Paced => None,
         }
     }
 
     #[test]
     fn overflow_drops_the_queue_and_closes() {
         let o = Outbound::new(10);
-        o.push_frame("12345".into());
-        o.push_frame("12345".into());
+        o.push(Push::Notification("12345".into()));
+        o.push(Push::Notification("12345".into()));
         assert!(!o.is_closing());
         assert_eq!(o.queued_bytes(), 10);
-        o.push_frame("x".into());
+        o.push(Push::Notification("x".into()));
         assert!(o.is_closing());
         let t = take(&o).expect("the close is ready");
         assert!(t.frames.is_empty(), "an evicted queue is dropped");
         assert_eq!(t.close, Some(CloseCause::Overflow));
-        o.push_now("late".into());
+        o.push(Push::Response("late".into()));
         assert!(take(&o).unwrap().frames.is_empty(), "nothing after a close");
     }
 
     #[test]
     fn taking_frees_the_budget() {
         let o = Outbound::new(10);
-        o.push_frame("12345".into());
-        o.push_frame("12345".into());
+        o.push(Push::Notification("12345".into()));
+        o.push(Push::Notification("12345".into()));
         assert_eq!(texts(&take(&o).unwrap()), ["12345", "12345"]);
         assert_eq!(o.queued_bytes(), 0);
-        o.push_frame("1234567890".into());
+        o.push(Push::Notification("1234567890".into()));
         assert!(!o.is_closing());
     }
 
     #[test]
     fn gate_puts_the_reply_before_held_frames() {
         let o = Outbound::new(1000);
-        o.push_frame("a".into());
+        o.push(Push::Notification("a".into()));
         o.gate();
-        o.push_envelope(5, "env".into());
+        o.push(Push::Envelope(5, "env".into()));
         assert_eq!(texts(&take(&o).unwrap()), ["a"], "held frames wait");
         assert_eq!(o.queued_bytes(), 3, "held frames stay counted");
         o.ungate_with(Some("reply".into()));
@@ -654,11 +653,11 @@ mod tests {
     fn a_reply_may_pass_the_limit_once_and_a_second_one_evicts() {
         let o = Outbound::new(10);
         o.gate();
-        o.push_envelope(1, "12345".into());
+        o.push(Push::Envelope(1, "12345".into()));
         o.ungate_with(Some("a reply far larger than ten bytes".into()));
         assert!(!o.is_closing(), "one large reply never evicts");
         assert_eq!(o.queued_bytes(), 5 + 33, "the reply is counted");
-        o.push_envelope(2, "12345".into());
+        o.push(Push::Envelope(2, "12345".into()));
         assert!(
             !o.is_closing(),
             "envelopes have their own budget while a reply drains"
@@ -689,9 +688,9 @@ mod tests {
     #[test]
     fn pongs_count_against_the_limit() {
         let o = Outbound::new(10);
-        o.push_pong(Bytes::from_static(b"123456"));
+        o.push(Push::Pong(Bytes::from_static(b"123456")));
         assert!(!o.is_closing());
-        o.push_pong(Bytes::from_static(b"123456"));
+        o.push(Push::Pong(Bytes::from_static(b"123456")));
         assert!(
             o.is_closing(),
             "a client that pings and never reads is evicted"
@@ -701,8 +700,8 @@ mod tests {
     #[test]
     fn frames_queued_before_a_close_are_taken_with_it() {
         let o = Outbound::new(1000);
-        o.push_frame("a".into());
-        o.push_pong(Bytes::from_static(b"p"));
+        o.push(Push::Notification("a".into()));
+        o.push(Push::Pong(Bytes::from_static(b"p")));
         o.close(CloseCause::Shutdown);
         o.close(CloseCause::Normal);
         let t = take(&o).unwrap();
@@ -718,7 +717,7 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         assert!(matches!(o.poll_take(&mut cx, false), Take::Empty));
         for i in 0..10 {
-            o.push_envelope(i, "e".into());
+            o.push(Push::Envelope(i, "e".into()));
         }
         assert_eq!(
             counter.0.load(Ordering::SeqCst),
@@ -730,56 +729,56 @@ mod tests {
             other => panic!("frames are queued: {other:?}"),
         }
         assert!(matches!(o.poll_take(&mut cx, false), Take::Empty));
-        o.push_frame("n".into());
+        o.push(Push::Notification("n".into()));
         assert_eq!(counter.0.load(Ordering::SeqCst), 2);
     }
 
     #[test]
-    fn held_frames_wait_for_the_deadline_but_urgent_ones_do_not() {
+    fn paced_frames_wait_for_the_deadline_but_urgent_ones_do_not() {
         let o = Outbound::new(1000);
         let counter = Arc::new(Counter::default());
         let waker = counter.clone().into();
         let mut cx = Context::from_waker(&waker);
         let wakes = || counter.0.load(Ordering::SeqCst);
         assert!(matches!(o.poll_take(&mut cx, false), Take::Empty));
-        o.push_envelope(1, "e1".into());
+        o.push(Push::Envelope(1, "e1".into()));
         assert_eq!(
             wakes(),
             1,
-            "without a hold the first frame wakes the socket"
+            "without pacing the first frame wakes the socket"
         );
-        assert!(matches!(o.poll_take(&mut cx, true), Take::Held));
-        o.push_envelope(2, "e2".into());
-        o.push_frame("n".into());
+        assert!(matches!(o.poll_take(&mut cx, true), Take::Paced));
+        o.push(Push::Envelope(2, "e2".into()));
+        o.push(Push::Notification("n".into()));
         assert_eq!(wakes(), 1, "pushed frames wait for the deadline quietly");
-        o.push_now("r".into());
+        o.push(Push::Response("r".into()));
         assert_eq!(wakes(), 2, "a reply wakes at once");
         match o.poll_take(&mut cx, true) {
             Take::Ready(t) => assert_eq!(texts(&t), ["e1", "e2", "n", "r"]),
             other => panic!("the reply is urgent: {other:?}"),
         }
-        // Holding with nothing queued: a pushed frame does not wake either.
+        // Pacing with nothing queued: a pushed frame does not wake either.
         assert!(matches!(o.poll_take(&mut cx, true), Take::Empty));
-        o.push_envelope(3, "e3".into());
+        o.push(Push::Envelope(3, "e3".into()));
         assert_eq!(wakes(), 2);
-        assert!(matches!(o.poll_take(&mut cx, true), Take::Held));
+        assert!(matches!(o.poll_take(&mut cx, true), Take::Paced));
         match o.poll_take(&mut cx, false) {
             Take::Ready(t) => assert_eq!(texts(&t), ["e3"]),
             other => panic!("{other:?}"),
         }
         // So are a response and the echo of the connection's own action.
-        o.push_envelope(5, "e5".into());
-        assert!(matches!(o.poll_take(&mut cx, true), Take::Held));
-        o.push_echo(6, "echo".into());
+        o.push(Push::Envelope(5, "e5".into()));
+        assert!(matches!(o.poll_take(&mut cx, true), Take::Paced));
+        o.push(Push::Echo(6, "echo".into()));
         match o.poll_take(&mut cx, true) {
             Take::Ready(t) => assert_eq!(texts(&t), ["e5", "echo"]),
             other => panic!("{other:?}"),
         }
-        o.push_now("resp".into());
+        o.push(Push::Response("resp".into()));
         assert!(matches!(o.poll_take(&mut cx, true), Take::Ready(_)));
         // A close is urgent too.
-        o.push_envelope(4, "e4".into());
-        assert!(matches!(o.poll_take(&mut cx, true), Take::Held));
+        o.push(Push::Envelope(4, "e4".into()));
+        assert!(matches!(o.poll_take(&mut cx, true), Take::Paced));
         o.close(CloseCause::Shutdown);
         match o.poll_take(&mut cx, true) {
             Take::Ready(t) => {
@@ -809,9 +808,9 @@ mod tests {
         let o = Outbound::new(1 << 20);
         let frame = ByteString::from("x".repeat(10_000));
         for i in 0..20 {
-            o.push_envelope(i, frame.clone());
+            o.push(Push::Envelope(i, frame.clone()));
         }
-        o.push_now("reply".into());
+        o.push(Push::Response("reply".into()));
         o.close(CloseCause::Shutdown);
         let first = take(&o).unwrap();
         assert_eq!(first.frames.len(), TAKE_BUDGET / 10_000);
@@ -835,8 +834,10 @@ mod tests {
         assert_eq!(o.queued_bytes(), 0);
         // A frame bigger than the budget still goes, alone.
         let o = Outbound::new(1 << 20);
-        o.push_frame(ByteString::from("y".repeat(TAKE_BUDGET * 2)));
-        o.push_frame("z".into());
+        o.push(Push::Notification(ByteString::from(
+            "y".repeat(TAKE_BUDGET * 2),
+        )));
+        o.push(Push::Notification("z".into()));
         let t = take(&o).unwrap();
         assert_eq!(t.frames.len(), 1);
         assert!(t.more);
@@ -851,7 +852,7 @@ mod tests {
             a.fetch_add(1, Ordering::SeqCst);
         });
         for i in 0..60 {
-            o.push_envelope(i, ByteString::from("x".repeat(10_000)));
+            o.push(Push::Envelope(i, ByteString::from("x".repeat(10_000))));
         }
         o.close(CloseCause::Shutdown);
         // The peer drains steadily: never abandoned, however long it takes.
@@ -879,7 +880,7 @@ mod tests {
     fn a_ping_goes_ahead_of_a_backlog_once() {
         let o = Outbound::new(1 << 20);
         for i in 0..3 {
-            o.push_envelope(i, ByteString::from(format!("e{i}")));
+            o.push(Push::Envelope(i, ByteString::from(format!("e{i}"))));
         }
         assert_eq!(o.beat(60_000, 3), Beat::Pinged);
         assert_eq!(o.beat(60_000, 3), Beat::Pinged);
@@ -889,15 +890,33 @@ mod tests {
     #[test]
     fn a_close_while_gated_drops_the_held_frames() {
         let o = Outbound::new(1000);
-        o.push_frame("before".into());
+        o.push(Push::Notification("before".into()));
         o.gate();
-        o.push_envelope(1, "after the snapshot".into());
+        o.push(Push::Envelope(1, "after the snapshot".into()));
         o.close(CloseCause::Shutdown);
         assert_eq!(o.queued_bytes(), 6);
         o.ungate_with(Some("reply".into()));
         let t = take(&o).unwrap();
         assert_eq!(texts(&t), ["before"], "no envelope without its reply");
         assert_eq!(t.close, Some(CloseCause::Shutdown));
+    }
+
+    #[test]
+    fn a_rejection_carries_the_last_seq_and_a_pong_is_never_held() {
+        let o = Outbound::new(1000);
+        o.push(Push::Envelope(7, "e7".into()));
+        o.gate();
+        o.push(Push::Pong(Bytes::from_static(b"p")));
+        o.push(Push::AfterLastSeq(&|last| {
+            format!("rejected after {last}").into()
+        }));
+        assert_eq!(
+            texts(&take(&o).unwrap()),
+            ["e7", "<pong p>"],
+            "a pong answers at once; a response waits for the gated reply"
+        );
+        o.ungate_with(Some("reply".into()));
+        assert_eq!(texts(&take(&o).unwrap()), ["reply", "rejected after 7"]);
     }
 
     #[test]

@@ -1,9 +1,36 @@
 //! The actix-web application: `/ahp` (WebSocket), `/healthz`, and the
 //! embedded browser client at `/`.
+//!
+//! | module | job |
+//! |---|---|
+//! | [`access`] | which web pages may open `/ahp` (`Origin` / `Host`) |
+//! | [`admission`] | connection slots, in all and per token subject; the open connections |
+//! | [`upgrade`] | `GET /ahp`: origin, token and slot checks, then the handshake |
+//! | [`connection`] | the connection actor: reads frames, paces them, permissions |
+//! | `routes` | one handler per AHP method |
+//! | `subscribe` | `subscribe`, `initialize`, `reconnect` |
+//! | `provide` | a provider connection's `tandem/*` calls |
+//! | [`params`] | the params of `tandem/*` methods |
+//! | `socket` | the WebSocket response body over actix-http; close frames; the heartbeat |
+//! | `inbound` | the client's frames: decoded, reassembled, within the frame limit |
+//!
+//! The arrows point one way: `upgrade` → `connection` → `routes` /
+//! `subscribe` / `provide` → [`crate::channels`]; `connection` → `socket` /
+//! `inbound`, which report through a callback and a stream and know no
+//! actor.
+//! The server's own tables (tokens, connections, rate buckets) live in
+//! [`AppState`], not in the channels' context.
 
 pub mod access;
+pub mod admission;
 pub mod connection;
+mod inbound;
+pub mod params;
+mod provide;
+mod routes;
 mod socket;
+mod subscribe;
+pub mod upgrade;
 #[path = "web.rs"]
 pub mod web_ui;
 
@@ -16,29 +43,35 @@ use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
 
 use self::access::{OriginConfigError, OriginPolicy};
+use self::admission::Connections;
 use crate::auth::{Authenticator, SecretError};
-use crate::channels::core::Shared;
-use crate::channels::recovery::Restore;
-use crate::channels::registry::{Channel, ChannelAddr};
-use crate::channels::root::RootActor;
+use crate::channels::context::Shared;
+use crate::channels::ChannelAddr;
 use crate::config::Config;
 use crate::providers::scripted::ScriptedAgent;
 use crate::providers::Providers;
 use crate::publish::outbound::CloseCause;
-use crate::publish::Hub;
+use crate::rate::Principals;
 use crate::store::{Journal, MemoryJournal, SqliteJournal};
 
-/// What the HTTP handlers need.
-#[derive(Clone)]
+/// What the HTTP handlers and connections need: the channels' context and
+/// the server's own tables.
 pub struct AppState {
-    /// Server context.
+    /// The channels' context.
     pub shared: Arc<Shared>,
-    /// The root actor (session lifecycle).
-    pub root: Addr<RootActor>,
+    /// The root channel (session lifecycle).
+    pub root: ChannelAddr,
     /// Every provider, for registration over connections.
     pub agents: Arc<Providers>,
     /// Which web pages may open `/ahp`.
-    pub origins: Arc<OriginPolicy>,
+    pub origins: OriginPolicy,
+    /// Token verification, when a secret is configured.
+    pub auth: Option<Authenticator>,
+    /// Connection slots and the open connections' queues (pinged by the
+    /// heartbeat, closed with a reason at shutdown).
+    pub connections: Arc<Connections>,
+    /// What each principal may still send and have journaled now.
+    pub principals: Principals,
 }
 
 /// Why a server refuses to start.
@@ -86,7 +119,7 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
         "status": "ok",
         "serverSeq": state.shared.publisher.current(),
         "channels": state.shared.registry.len(),
-        "connections": state.shared.connections.len(),
+        "connections": state.connections.open_len(),
     }))
 }
 
@@ -159,7 +192,6 @@ where
 {
     let addr = listener.local_addr().context("reading the bound address")?;
     let Checked { auth, origins } = check_config(&config, addr)?;
-    let origins = Arc::new(origins);
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let store = journal.clone();
     let thread = std::thread::Builder::new()
@@ -180,28 +212,13 @@ where
                 providers.restore_owners(std::mem::take(&mut recovered.provider_owners));
                 let shared = Arc::new(Shared::new(
                     config.clone(),
-                    auth,
                     journal,
                     providers.clone(),
                     arbiters.iter().map(Arbiter::handle).collect(),
                     recovered.seq_floor,
                 ));
-                let hub = Arc::new(Hub::default());
-                let (s, h) = (shared.clone(), hub.clone());
-                let root = RootActor::start_in_arbiter(&shared.next_arbiter(), move |ctx| {
-                    RootActor::new(h, s, ctx.address())
-                });
-                shared.registry.insert(Channel {
-                    uri: ahp_types::ROOT_RESOURCE_URI.into(),
-                    hub,
-                    addr: ChannelAddr::Root(root.clone()),
-                    session: None,
-                    provider: None,
-                });
-                let stats = root
-                    .send(Restore(recovered))
+                let (root, stats) = ChannelAddr::start_root(&shared, recovered)
                     .await
-                    .context("restoring the stored sessions")?
                     .map_err(|e| anyhow::anyhow!("{e}"))
                     .context("restoring the stored sessions")?;
                 tracing::info!(
@@ -212,17 +229,24 @@ where
                     ms = started.elapsed().as_millis() as u64,
                     "store recovered"
                 );
-                let state = AppState {
-                    shared: shared.clone(),
+                let state = Arc::new(AppState {
+                    shared,
                     root,
                     agents: providers,
                     origins,
-                };
+                    auth,
+                    connections: Arc::new(Connections::new(
+                        config.limits.max_connections,
+                        config.limits.max_connections_per_token,
+                    )),
+                    principals: Principals::default(),
+                });
+                let app_state = state.clone();
                 let idle_timeout = config.idle_timeout;
                 let server = HttpServer::new(move || {
                     App::new()
-                        .app_data(web::Data::new(state.clone()))
-                        .route("/ahp", web::get().to(connection::ahp_ws))
+                        .app_data(web::Data::from(app_state.clone()))
+                        .route("/ahp", web::get().to(upgrade::ahp_ws))
                         .route("/healthz", web::get().to(healthz))
                         .configure(web_ui::routes)
                 })
@@ -238,11 +262,11 @@ where
                 .context("listening")?
                 .run();
                 actix::spawn(socket::heartbeat(
-                    shared.clone(),
+                    state.connections.clone(),
                     config.heartbeat_interval,
                     config.idle_timeout,
                 ));
-                let _ = ready_tx.send((server.handle(), shared.clone()));
+                let _ = ready_tx.send((server.handle(), state.connections.clone()));
                 server.await.context("serving")?;
                 for a in arbiters {
                     a.stop();
@@ -251,7 +275,7 @@ where
             })
         })
         .context("spawning the server thread")?;
-    let (handle, shared) = match ready_rx.await {
+    let (handle, connections) = match ready_rx.await {
         Ok(ready) => ready,
         Err(_) => {
             return match thread.join() {
@@ -263,7 +287,7 @@ where
     tracing::info!("serving AHP");
     shutdown.await;
     tracing::info!("shutting down");
-    for conn in shared.connections.iter() {
+    for conn in connections.queues() {
         conn.close(CloseCause::Shutdown);
     }
     handle.stop(true).await;

@@ -1,0 +1,242 @@
+//! The channels' client API: what a transport may ask of a channel, as
+//! methods on [`ChannelAddr`].
+//!
+//! The actor messages stay private to `channels`; a connection dispatches,
+//! subscribes and makes requests through these methods, and never matches on
+//! the kind of actor behind a URI. A request that only one kind of channel
+//! answers (`createChat` needs a session, `fetchTurns` a chat) returns `None`
+//! for another kind, so the caller says which channel it could not find.
+//! Every future resolves: a mailbox that is gone becomes an internal error.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use ahp_types::actions::{ActionOrigin, StateAction};
+use ahp_types::commands::ListSessionsResult;
+
+use super::chat::{FetchTurns, PendingItem};
+use super::context::Shared;
+use super::recovery::{RecoveryStats, Restore};
+use super::registry::{Channel, ChannelAddr};
+use super::root::{AgentsChanged, CreateSession, ListSessions, RemoveSession, RootActor};
+use super::session::{CreateChat, ListPending, RemoveChat};
+use super::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::interactions::{Interaction, Outcome, Settlement};
+use crate::protocol::RpcError;
+use crate::publish::{Hub, Outbound};
+use crate::store::Recovered;
+
+/// A request's answer once its mailbox is known to be reachable: a gone
+/// actor is an internal error, the actor's own refusal passes through.
+fn answered<T>(res: Result<Result<T, RpcError>, MailboxError>) -> Result<T, RpcError> {
+    res.map_err(|e| RpcError::internal(e.to_string()))?
+}
+
+/// Who creates a session and how many it may own.
+pub struct SessionOwner {
+    /// The token subject.
+    pub subject: String,
+    /// Sessions the subject may own at once.
+    pub max_sessions: usize,
+}
+
+impl ChannelAddr {
+    /// Start the root actor, register `ahp-root://`, and restore every stored
+    /// session and chat into running actors. Returns the root's address.
+    pub async fn start_root(
+        shared: &Arc<Shared>,
+        recovered: Recovered,
+    ) -> Result<(ChannelAddr, RecoveryStats), String> {
+        let hub = Arc::new(Hub::default());
+        let (s, h) = (shared.clone(), hub.clone());
+        let root = RootActor::start_in_arbiter(&shared.next_arbiter(), move |ctx| {
+            RootActor::new(h, s, ctx.address())
+        });
+        shared.registry.insert(Channel {
+            uri: ahp_types::ROOT_RESOURCE_URI.into(),
+            hub,
+            addr: ChannelAddr::Root(root.clone()),
+            session: None,
+            provider: None,
+        });
+        let stats = root
+            .send(Restore(recovered))
+            .await
+            .map_err(|e| e.to_string())??;
+        Ok((ChannelAddr::Root(root), stats))
+    }
+
+    /// Hand a client's action to the channel. The dispatcher `conn` gets its
+    /// echo or rejection from the actor; `as_agent` checks the action as the
+    /// session's provider's rather than a client's.
+    pub fn dispatch(
+        &self,
+        conn: Arc<Outbound>,
+        origin: ActionOrigin,
+        action: StateAction,
+        as_agent: bool,
+    ) {
+        let msg = ClientDispatch {
+            conn,
+            origin,
+            action,
+            as_agent,
+        };
+        match self {
+            ChannelAddr::Chat(a) => a.do_send(msg),
+            ChannelAddr::Session(a) => a.do_send(msg),
+            ChannelAddr::Root(a) => a.do_send(msg),
+        }
+    }
+
+    /// Subscribe `conn`: resolves to the channel's snapshot, after which
+    /// every envelope of the channel reaches `conn`.
+    pub fn subscribe(
+        &self,
+        conn: Arc<Outbound>,
+        view_turns: Option<i64>,
+    ) -> impl Future<Output = Result<SnapshotJson, RpcError>> + 'static {
+        let msg = Subscribe { conn, view_turns };
+        let addr = self.clone();
+        async move {
+            answered(match addr {
+                ChannelAddr::Chat(a) => a.send(msg).await,
+                ChannelAddr::Session(a) => a.send(msg).await,
+                ChannelAddr::Root(a) => a.send(msg).await,
+            })
+        }
+    }
+
+    /// `createSession` (asked of the root).
+    pub fn create_session(
+        &self,
+        uri: String,
+        provider: Option<String>,
+        owner: SessionOwner,
+    ) -> impl Future<Output = Result<(), RpcError>> + 'static {
+        let msg = CreateSession {
+            uri,
+            provider,
+            owner: Some((owner.subject, owner.max_sessions)),
+        };
+        let sent = self.root().map(|a| a.send(msg));
+        async move { answered(sent?.await) }
+    }
+
+    /// `disposeSession` (asked of the root).
+    pub fn dispose_session(&self, uri: String) -> impl Future<Output = Result<(), RpcError>> {
+        let sent = self.root().map(|a| a.send(RemoveSession { uri }));
+        async move { answered(sent?.await) }
+    }
+
+    /// `listSessions` (asked of the root): those in `scope` when set, a page
+    /// of `limit` from `cursor`.
+    pub fn list_sessions(
+        &self,
+        scope: Option<Arc<std::collections::HashSet<String>>>,
+        limit: Option<i64>,
+        cursor: Option<String>,
+    ) -> impl Future<Output = Result<ListSessionsResult, RpcError>> {
+        let msg = ListSessions {
+            scope,
+            limit,
+            cursor,
+        };
+        let sent = self.root().map(|a| a.send(msg));
+        async move { answered(sent?.await) }
+    }
+
+    /// The registered agents changed: the root republishes its list.
+    pub fn agents_changed(&self) {
+        if let ChannelAddr::Root(a) = self {
+            a.do_send(AgentsChanged);
+        }
+    }
+
+    /// `createChat` in this session; `None` unless this is a session.
+    pub fn create_chat(&self, chat: String) -> Option<impl Future<Output = Result<(), RpcError>>> {
+        let ChannelAddr::Session(a) = self else {
+            return None;
+        };
+        let sent = a.send(CreateChat { chat });
+        Some(async move { answered(sent.await) })
+    }
+
+    /// `disposeChat` of one of this session's chats; `None` unless this is a
+    /// session.
+    pub fn remove_chat(&self, chat: String) -> Option<impl Future<Output = Result<(), RpcError>>> {
+        let ChannelAddr::Session(a) = self else {
+            return None;
+        };
+        let sent = a.send(RemoveChat { chat });
+        Some(async move { answered(sent.await) })
+    }
+
+    /// `tandem/listPending`: the session's unsettled interactions; `None`
+    /// unless this is a session.
+    pub fn list_pending(&self) -> Option<impl Future<Output = Result<Vec<PendingItem>, RpcError>>> {
+        let ChannelAddr::Session(a) = self else {
+            return None;
+        };
+        let sent = a.send(ListPending);
+        Some(async move { sent.await.map_err(|e| RpcError::internal(e.to_string())) })
+    }
+
+    /// `fetchTurns`: page older turns into the chat; resolves once they are
+    /// published. `None` unless this is a chat.
+    pub fn fetch_turns(
+        &self,
+        cursor: Option<String>,
+    ) -> Option<impl Future<Output = Result<(), RpcError>>> {
+        let ChannelAddr::Chat(a) = self else {
+            return None;
+        };
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        a.do_send(FetchTurns { cursor, reply });
+        Some(async move {
+            rx.await
+                .map_err(|_| RpcError::internal("the chat went away"))?
+        })
+    }
+
+    /// Whether a chat's actor is behind this address.
+    pub fn is_chat(&self) -> bool {
+        matches!(self, ChannelAddr::Chat(_))
+    }
+
+    /// `tandem/requestInteraction`: ask a person on turn `turn_id` of chat
+    /// `uri`; resolves with the settlement, exactly once (`aborted` when
+    /// this is not a chat, or the chat goes away).
+    pub fn interact(
+        &self,
+        uri: Arc<str>,
+        turn_id: String,
+        interaction: Interaction,
+    ) -> impl Future<Output = Settlement> {
+        let handle = match self {
+            ChannelAddr::Chat(a) => Some(crate::channels::chat::ChatHandle::new(
+                a.clone(),
+                uri,
+                turn_id,
+                String::new(),
+            )),
+            _ => None,
+        };
+        async move {
+            match handle {
+                Some(handle) => handle.interact(interaction).await,
+                None => Settlement::with_reason(Outcome::Aborted, "not a chat"),
+            }
+        }
+    }
+
+    /// The root actor behind this address, or why a root request cannot be
+    /// made of it.
+    fn root(&self) -> Result<actix::Addr<RootActor>, RpcError> {
+        match self {
+            ChannelAddr::Root(a) => Ok(a.clone()),
+            _ => Err(RpcError::internal("a root request sent to another channel")),
+        }
+    }
+}

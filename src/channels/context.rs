@@ -1,0 +1,76 @@
+//! The application context every channel actor (and the transport above
+//! them) works in: tunables, the publisher, the registry, the journal, the
+//! agents, and the threads actors run on.
+//!
+//! Only what the channels themselves need lives here; the transport's own
+//! tables (token verification, open connections, rate buckets) belong to
+//! [`crate::server`]'s state, which holds an `Arc<Shared>` — never the other
+//! way round.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::agent::AgentDirectory;
+use super::registry::Registry;
+use crate::config::Config;
+use crate::publish::Publisher;
+use crate::store::Journal;
+
+/// Application context handed to every actor and connection.
+pub struct Shared {
+    /// Tunables.
+    pub config: Config,
+    /// `serverSeq`, replay ring, ordered fan-out.
+    pub publisher: Publisher,
+    /// Channel URI → actor.
+    pub registry: Registry,
+    /// Durable action log.
+    pub journal: Arc<dyn Journal>,
+    /// Agents by provider id (`providers::Providers` behind a trait, so
+    /// channels do not depend on providers).
+    pub providers: Arc<dyn AgentDirectory>,
+    /// The threads new actors are spread on.
+    arbiters: Vec<ArbiterHandle>,
+    /// Round-robin position in `arbiters`.
+    next_arbiter: AtomicUsize,
+}
+
+impl Shared {
+    /// Assemble the context. `arbiters` are the threads actors are spread
+    /// on; `start_seq` is the first `serverSeq` the store allows.
+    pub fn new(
+        config: Config,
+        journal: Arc<dyn Journal>,
+        providers: Arc<dyn AgentDirectory>,
+        arbiters: Vec<ArbiterHandle>,
+        start_seq: u64,
+    ) -> Self {
+        let reserving = journal.clone();
+        Self {
+            publisher: Publisher::with_reserver(
+                start_seq,
+                config.replay_ring_len,
+                config.replay_ring_bytes,
+                Box::new(move |upto| reserving.reserve_seq(upto).map_err(|e| e.to_string())),
+            ),
+            config,
+            registry: Registry::default(),
+            journal,
+            providers,
+            arbiters,
+            next_arbiter: AtomicUsize::new(0),
+        }
+    }
+
+    /// The arbiter for the next new actor (round robin), so chats run in
+    /// parallel across threads.
+    pub fn next_arbiter(&self) -> ArbiterHandle {
+        if self.arbiters.is_empty() {
+            return Arbiter::current();
+        }
+        let i = self.next_arbiter.fetch_add(1, Ordering::Relaxed) % self.arbiters.len();
+        self.arbiters[i].clone()
+    }
+}

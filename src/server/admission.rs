@@ -1,0 +1,211 @@
+//! Admission: how many connections may be open — in all, and per token
+//! subject — and the table of the open ones (pinged by the heartbeat, closed
+//! at shutdown).
+//!
+//! A slot is reserved *before* the upgrade is answered and released when
+//! the connection ends or its upgrade fails, and both counts are checked and
+//! taken under one lock: two upgrades racing for the last slot cannot both
+//! get it, and one refused by its subject's limit never makes another look
+//! refused by the total. (An upgrade is rare next to a frame; one short lock
+//! per upgrade costs nothing measurable.)
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+
+use crate::publish::{ConnId, Outbound};
+
+/// Why an upgrade was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Every slot of the server is taken.
+    #[error("the server is at its connection limit ({0})")]
+    Full(usize),
+    /// The token subject holds as many connections as it may.
+    #[error("`{0}` already has {1} connections (the limit)")]
+    SubjectFull(String, usize),
+}
+
+/// The slots taken, in all and per subject.
+#[derive(Default)]
+struct Taken {
+    /// Slots taken in all.
+    total: usize,
+    /// Slots taken per token subject; a subject with none has no entry.
+    per_subject: HashMap<String, usize>,
+}
+
+/// Open (and opening) connections, counted against the limits.
+pub struct Connections {
+    /// Slots in all (`max_connections`).
+    max_total: usize,
+    /// Slots per token subject (`max_connections_per_token`).
+    max_per_subject: usize,
+    /// Slots taken, including upgrades not answered yet.
+    taken: Mutex<Taken>,
+    /// The queue of every connection whose upgrade went through.
+    open: DashMap<ConnId, Arc<Outbound>>,
+}
+
+impl Connections {
+    /// An empty table admitting `max_total` connections, at most
+    /// `max_per_subject` of them for one token subject.
+    pub fn new(max_total: usize, max_per_subject: usize) -> Self {
+        Self {
+            max_total,
+            max_per_subject,
+            taken: Mutex::new(Taken::default()),
+            open: DashMap::new(),
+        }
+    }
+
+    /// Reserve a slot for a connection of `subject`, or say which limit
+    /// refuses it. The slot is released when the returned [`Slot`] drops.
+    pub fn admit(self: &Arc<Self>, subject: &str) -> Result<Slot, Refused> {
+        let mut taken = self.taken.lock();
+        if taken.total >= self.max_total {
+            return Err(Refused::Full(self.max_total));
+        }
+        let n = taken.per_subject.get(subject).copied().unwrap_or(0);
+        if n >= self.max_per_subject {
+            return Err(Refused::SubjectFull(
+                subject.to_owned(),
+                self.max_per_subject,
+            ));
+        }
+        taken.total += 1;
+        taken.per_subject.insert(subject.to_owned(), n + 1);
+        Ok(Slot {
+            table: self.clone(),
+            subject: subject.to_owned(),
+            conn: None,
+        })
+    }
+
+    /// Connections whose upgrade went through and that have not ended.
+    pub fn open_len(&self) -> usize {
+        self.open.len()
+    }
+
+    /// The queues of the open connections, at this moment.
+    pub fn queues(&self) -> Vec<Arc<Outbound>> {
+        self.open.iter().map(|c| c.value().clone()).collect()
+    }
+}
+
+/// One reserved connection slot; dropping it frees the slot (and takes the
+/// connection off the open table).
+pub struct Slot {
+    /// The table the slot belongs to.
+    table: Arc<Connections>,
+    /// The token subject it is counted for.
+    subject: String,
+    /// The connection, once its upgrade went through.
+    conn: Option<ConnId>,
+}
+
+impl Slot {
+    /// The upgrade went through: list the connection's queue as open.
+    pub fn open(&mut self, out: Arc<Outbound>) {
+        self.conn = Some(out.id());
+        self.table.open.insert(out.id(), out);
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        {
+            let mut taken = self.table.taken.lock();
+            taken.total -= 1;
+            // A subject with no connection left leaves no entry behind.
+            if let Some(n) = taken.per_subject.get_mut(&self.subject) {
+                *n -= 1;
+                if *n == 0 {
+                    taken.per_subject.remove(&self.subject);
+                }
+            }
+        }
+        // Off the open table last: once a connection is no longer listed,
+        // its slot is free.
+        if let Some(id) = self.conn {
+            self.table.open.remove(&id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Barrier;
+
+    use super::*;
+
+    #[test]
+    fn limits_refuse_with_their_reason_and_slots_come_back() {
+        let t = Arc::new(Connections::new(3, 2));
+        let a1 = t.admit("a").unwrap();
+        let _a2 = t.admit("a").unwrap();
+        assert_eq!(
+            t.admit("a").err(),
+            Some(Refused::SubjectFull("a".into(), 2))
+        );
+        let _b1 = t.admit("b").unwrap();
+        assert_eq!(t.admit("c").err(), Some(Refused::Full(3)));
+        drop(a1);
+        let mut a3 = t.admit("a").expect("a dropped slot is free again");
+        a3.open(Arc::new(Outbound::new(10)));
+        assert_eq!(t.open_len(), 1);
+        drop(a3);
+        assert_eq!(t.open_len(), 0, "an ended connection is no longer open");
+        assert!(
+            !t.taken.lock().per_subject.contains_key("c"),
+            "a refused subject leaves no entry"
+        );
+    }
+
+    /// Threads race for the slots of one table and each holds what it got
+    /// until all have tried: never more than the limits are handed out, and
+    /// exactly as many as the limits allow.
+    #[test]
+    fn racing_admissions_never_pass_the_limits() {
+        const THREADS: usize = 8;
+        const ROUNDS: usize = 200;
+        for (max_total, max_per_subject, subjects) in [(3, 100, 8), (100, 2, 1), (5, 3, 2)] {
+            let table = Arc::new(Connections::new(max_total, max_per_subject));
+            let barrier = Arc::new(Barrier::new(THREADS));
+            let handles: Vec<_> = (0..THREADS)
+                .map(|i| {
+                    let (table, barrier) = (table.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let subject = format!("s{}", i % subjects);
+                        let mut got = Vec::new();
+                        for _ in 0..ROUNDS {
+                            barrier.wait();
+                            let slot = table.admit(&subject).ok();
+                            barrier.wait();
+                            got.push(slot.is_some() as usize);
+                            drop(slot);
+                            barrier.wait();
+                        }
+                        got
+                    })
+                })
+                .collect();
+            let per_thread: Vec<Vec<usize>> =
+                handles.into_iter().map(|h| h.join().unwrap()).collect();
+            let allowed = max_total.min(max_per_subject * subjects.min(THREADS));
+            for round in 0..ROUNDS {
+                let admitted: usize = per_thread.iter().map(|g| g[round]).sum();
+                assert_eq!(
+                    admitted, allowed,
+                    "round {round}: {admitted} admitted with room for {allowed} \
+                     ({max_total} in all, {max_per_subject} per subject)"
+                );
+            }
+            let taken = table.taken.lock();
+            assert_eq!(taken.total, 0);
+            assert!(taken.per_subject.is_empty());
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! Routing: one handler per AHP method, each taking its decoded params.
+//!
+//! A handler checks what the connection may do (permissions, limits) and
+//! asks the channel through [`crate::channels::ChannelAddr`]'s methods; it
+//! returns an error to answer at once, or arranges the reply itself when
+//! the answer has to wait for an actor. Handlers of the session lifecycle
+//! and of subscriptions live in [`super::subscribe`], those of provider
+//! connections in [`super::provide`].
+
+use std::future::Future;
+
+use actix::prelude::*;
+use ahp_types::actions::{ActionOrigin, StateAction};
+use ahp_types::commands::{
+    CreateChatParams, CreateSessionParams, DispatchActionParams, DisposeChatParams,
+    DisposeSessionParams, FetchTurnsParams, ListSessionsParams, UnsubscribeParams,
+};
+use serde_json::Value;
+
+use super::connection::Connection;
+use super::params::ChannelParams;
+use crate::channels::addr::SessionOwner;
+use crate::protocol::methods::{self as m, decode_params};
+use crate::protocol::{errors, Incoming, RpcError};
+use crate::publish::Push;
+
+impl Connection {
+    /// Handle one message (`frame_bytes` long); an `Err` is answered at once
+    /// with the message's id.
+    pub(super) fn route(
+        &mut self,
+        inc: Incoming,
+        frame_bytes: usize,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
+        let Incoming { id, method, params } = inc;
+        let method = method.as_str();
+        match method {
+            m::PING => {
+                self.reply(&id, &Value::Null);
+                Ok(())
+            }
+            m::INITIALIZE => self.initialize(id, decode_params(method, params)?, ctx),
+            m::RECONNECT => self.reconnect(id, decode_params(method, params)?, ctx),
+            m::SUBSCRIBE => self.subscribe(id, decode_params(method, params)?, ctx),
+            m::UNSUBSCRIBE => {
+                self.unsubscribe(id, decode_params(method, params)?);
+                Ok(())
+            }
+            m::DISPATCH_ACTION => {
+                self.dispatch_action(id, decode_params(method, params)?, frame_bytes)
+            }
+            m::CREATE_SESSION => self.create_session(id, decode_params(method, params)?, ctx),
+            m::DISPOSE_SESSION => self.dispose_session(id, decode_params(method, params)?, ctx),
+            m::LIST_SESSIONS => {
+                self.list_sessions(id, decode_params(method, params)?, ctx);
+                Ok(())
+            }
+            m::CREATE_CHAT => self.create_chat(id, decode_params(method, params)?, ctx),
+            m::DISPOSE_CHAT => self.dispose_chat(id, decode_params(method, params)?, ctx),
+            m::FETCH_TURNS => self.fetch_turns(id, decode_params(method, params)?, ctx),
+            m::REGISTER_PROVIDER => self.register_provider(id, decode_params(method, params)?, ctx),
+            m::REQUEST_INTERACTION => {
+                // Refused before its params are even read.
+                self.check_interaction_room()?;
+                self.request_interaction(id, decode_params(method, params)?, ctx)
+            }
+            m::LIST_PENDING => self.list_pending(id, decode_params(method, params)?, ctx),
+            other => Err(RpcError::method_not_found(other)),
+        }
+    }
+
+    /// Reply to `id` once `answer` resolves: with `result` of its value, or
+    /// with its error. Later requests wait until then (replies keep order).
+    pub(super) fn reply_when<T: 'static>(
+        &mut self,
+        id: Option<Value>,
+        answer: impl Future<Output = Result<T, RpcError>> + 'static,
+        ctx: &mut Context<Self>,
+        result: impl FnOnce(T) -> Value + 'static,
+    ) {
+        ctx.wait(answer.into_actor(self).map(move |res, act, _| match res {
+            Ok(r) => act.reply(&id, &result(r)),
+            Err(e) => act.reply_error(&id.unwrap_or_default(), e),
+        }));
+    }
+
+    /// `unsubscribe`.
+    fn unsubscribe(&mut self, id: Option<Value>, p: UnsubscribeParams) {
+        if let Some(uri) = self.subs.take(p.channel.as_str()) {
+            if let Some(ch) = self.app.shared.registry.get(&uri) {
+                ch.hub.remove(self.out.id());
+            }
+        }
+        self.reply(&id, &Value::Null);
+    }
+
+    /// `dispatchAction`: refused with a rejection echo when this connection
+    /// may not send it now, otherwise handed to the channel, whose echo (or
+    /// rejection) follows.
+    fn dispatch_action(
+        &mut self,
+        id: Option<Value>,
+        p: DispatchActionParams,
+        frame_bytes: usize,
+    ) -> Result<(), RpcError> {
+        let origin = ActionOrigin {
+            client_id: self.client_id.clone().unwrap_or_default(),
+            client_seq: p.client_seq,
+        };
+        if let Some(reason) = self.dispatch_refusal(&p, frame_bytes) {
+            let json = serde_json::to_string(&p.action).unwrap_or_else(|_| "null".into());
+            self.out.push(Push::AfterLastSeq(&|last| {
+                crate::publish::rejection_frame(&p.channel, &json, last, &origin, &reason)
+            }));
+            self.reply(&id, &Value::Null);
+            return Ok(());
+        }
+        let Some(ch) = self.app.shared.registry.get(&p.channel) else {
+            // AHP: an action for a channel that does not exist is ignored; a
+            // caller that asked for a reply is told why.
+            tracing::debug!(channel = %p.channel, "action for an unknown channel ignored");
+            return match id {
+                Some(_) => Err(Self::not_found(&p.channel)),
+                None => Ok(()),
+            };
+        };
+        let as_agent = ch
+            .provider
+            .as_deref()
+            .is_some_and(|p| self.providers.contains(p));
+        ch.addr
+            .dispatch(self.out.clone(), origin, p.action, as_agent);
+        self.reply(&id, &Value::Null);
+        Ok(())
+    }
+
+    /// Why this connection may not dispatch `p` now, if it may not.
+    fn dispatch_refusal(&mut self, p: &DispatchActionParams, frame_bytes: usize) -> Option<String> {
+        let shared = self.app.shared.clone();
+        let limits = &shared.config.limits;
+        match self.permit(&p.channel) {
+            Err(e) => Some(format!("PermissionDenied: {}", e.message)),
+            Ok(()) if frame_bytes > limits.max_action_bytes => Some(format!(
+                "too large: a `dispatchAction` of {frame_bytes} bytes is over the limit of {} bytes",
+                limits.max_action_bytes
+            )),
+            Ok(()) => self.persons_act_refusal(&p.action).or_else(|| {
+                (!self.take_dispatch_token(frame_bytes)).then(|| {
+                    format!(
+                        "rate limited: more than {} dispatches or {} bytes of actions per second",
+                        limits.dispatches_per_sec, limits.dispatch_bytes_per_sec
+                    )
+                })
+            }),
+        }
+    }
+
+    /// `createSession`, owned by this connection's token subject.
+    fn create_session(
+        &mut self,
+        id: Option<Value>,
+        p: CreateSessionParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
+        self.permit(&p.channel)?;
+        let owner = SessionOwner {
+            subject: self.principal.subject.clone(),
+            max_sessions: self.app.shared.config.limits.max_sessions_per_token,
+        };
+        let done = self.app.root.create_session(p.channel, p.provider, owner);
+        self.reply_when(id, done, ctx, |()| Value::Null);
+        Ok(())
+    }
+
+    /// `disposeSession`.
+    fn dispose_session(
+        &mut self,
+        id: Option<Value>,
+        p: DisposeSessionParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
+        self.permit(&p.channel)?;
+        let done = self.app.root.dispose_session(p.channel);
+        self.reply_when(id, done, ctx, |()| Value::Null);
+        Ok(())
+    }
+
+    /// `listSessions`: a scoped token sees its own sessions only.
+    fn list_sessions(&mut self, id: Option<Value>, p: ListSessionsParams, ctx: &mut Context<Self>) {
+        let scope = match self.principal.role {
+            crate::auth::Role::Admin => None,
+            _ => self.principal.sessions.clone(),
+        };
+        let page = self.app.root.list_sessions(scope, p.limit, p.cursor);
+        self.reply_when(id, page, ctx, |r| {
+            serde_json::to_value(r).unwrap_or_default()
+        });
+    }
+
+    /// `createChat` in a session.
+    fn create_chat(
+        &mut self,
+        id: Option<Value>,
+        p: CreateChatParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
+        self.permit(&p.channel)?;
+        if p.source.is_some() {
+            return Err(RpcError::invalid_params(
+                "`source` (fork / side chat) is not supported by this host's agents",
+            ));
+        }
+        if p.initial_message.is_some() {
+            return Err(RpcError::invalid_params("`initialMessage` is not supported; dispatch `chat/turnStarted` after creating the chat"));
+        }
+        let done = self
+            .app
+            .shared
+            .registry
+            .get(&p.channel)
+            .and_then(|c| c.addr.create_chat(p.chat))
+            .ok_or_else(|| no_session(&p.channel))?;
+        self.reply_when(id, done, ctx, |()| Value::Null);
+        Ok(())
+    }
+
+    /// `disposeChat`, asked of the chat's session.
+    fn dispose_chat(
+        &mut self,
+        id: Option<Value>,
+        p: DisposeChatParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
+        self.permit(&p.channel)?;
+        let registry = &self.app.shared.registry;
+        let done = registry
+            .get(&p.channel)
+            .filter(|c| c.addr.is_chat())
+            .and_then(|c| c.session)
+            .and_then(|s| registry.get(&s))
+            .and_then(|s| s.addr.remove_chat(p.channel.clone()))
+            .ok_or_else(|| no_chat(&p.channel))?;
+        self.reply_when(id, done, ctx, |()| Value::Null);
+        Ok(())
+    }
+
+    /// `fetchTurns`: answered once the older turns are published.
+    fn fetch_turns(
+        &mut self,
+        id: Option<Value>,
+        p: FetchTurnsParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
+        self.permit(&p.channel)?;
+        let done = self
+            .app
+            .shared
+            .registry
+            .get(&p.channel)
+            .and_then(|c| c.addr.fetch_turns(p.cursor))
+            .ok_or_else(|| no_chat(&p.channel))?;
+        self.reply_when(id, done, ctx, |()| serde_json::json!({}));
+        Ok(())
+    }
+
+    /// `tandem/listPending`: a session's unsettled interactions.
+    fn list_pending(
+        &mut self,
+        id: Option<Value>,
+        p: ChannelParams,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), RpcError> {
+        self.permit(&p.channel)?;
+        let pending = self
+            .app
+            .shared
+            .registry
+            .get(&p.channel)
+            .and_then(|c| c.addr.list_pending())
+            .ok_or_else(|| no_session(&p.channel))?;
+        self.reply_when(
+            id,
+            pending,
+            ctx,
+            |pending| serde_json::json!({ "pending": pending }),
+        );
+        Ok(())
+    }
+
+    /// The rejection reason when `action` is a person's act
+    /// ([`crate::auth::is_persons_act`]) and this connection speaks for an
+    /// agent: it serves a provider, or its token has the `agent` role.
+    fn persons_act_refusal(&self, action: &StateAction) -> Option<String> {
+        if !crate::auth::is_persons_act(action) {
+            return None;
+        }
+        let why = if !self.providers.is_empty() {
+            "this connection serves a provider"
+        } else {
+            match self.principal.role {
+                crate::auth::Role::Agent => "this connection's token has the `agent` role",
+                crate::auth::Role::Client | crate::auth::Role::Admin => return None,
+            }
+        };
+        Some(format!(
+            "PermissionDenied: `{}` is a person's act: only client connections may send it, and {why}",
+            crate::channels::validate::action_type(action)
+        ))
+    }
+
+    /// Take one dispatch of `bytes` from the connection's and its subject's
+    /// budgets.
+    fn take_dispatch_token(&mut self, bytes: usize) -> bool {
+        self.budget.take(
+            &self.app.principals,
+            &self.rate_key,
+            bytes,
+            &self.app.shared.config.limits,
+            std::time::Instant::now(),
+        )
+    }
+}
+
+/// The answer for a session that is not there (or not a session).
+fn no_session(uri: &str) -> RpcError {
+    RpcError::new(errors::SESSION_NOT_FOUND, format!("no session `{uri}`"))
+}
+
+/// The answer for a chat that is not there (or not a chat).
+pub(super) fn no_chat(uri: &str) -> RpcError {
+    RpcError::new(errors::NOT_FOUND, format!("no chat `{uri}`"))
+}
