@@ -6,15 +6,32 @@
 //! | module | job |
 //! |---|---|
 //! | [`protocol`] | JSON-RPC framing, method names, error codes |
-//! | [`channels`] | root, session and chat actors; their one commit path; registry; validation rules; session roll-up; the agent API a chat calls (`channels::agent`) |
-//! | [`publish`] | `serverSeq`, ordered fan-out, replay ring, byte-bounded outbound queues |
-//! | [`store`] | the `Journal` trait between actors and storage; in-memory journal |
-//! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements; the approval policy (`interactions::policy`) |
-//! | [`providers`] | agents behind the host (implementing `channels::agent`); the built-in `scripted` agent |
-//! | [`server`] | actix-web app: `/ahp` WebSocket connections, `/healthz`, the embedded browser client (`web/`) at `/` |
+//! | [`channels`] | root, session and chat actors; their one commit path (`channels::commit`); the application context (`channels::context`); the registry and the calls a connection makes on a channel (`channels::addr`); validation rules; session roll-up; the agent API a chat calls (`channels::agent`) |
+//! | [`publish`] | `serverSeq` (reserved in blocks before use), ordered fan-out, replay ring, byte-bounded outbound queues |
+//! | [`store`] | the `Journal` trait between actors and storage; SQLite (schema, group-commit writer, recovery) and in-memory journals |
+//! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements; form and link rules; the approval policy as pure functions (`interactions::policy`) |
+//! | [`providers`] | agents behind the host (implementing `channels::agent`); provider connections; the built-in `scripted` agent |
+//! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, the socket's reader and writer, `/healthz`, the embedded browser client (`web/`) at `/`; the transport's own tables (tokens, open connections, rate buckets) |
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`config`] | tunables and limits |
 //! | [`rate`] | token buckets: dispatches per connection, bytes of actions per subject |
+//!
+//! ## Dependencies between modules
+//!
+//! Arrows point one way only (the `use crate::` lines; no two top-level
+//! modules import each other):
+//!
+//! ```text
+//! server    ──► providers, channels, interactions, publish, store, protocol, auth, rate, config
+//! providers ──► channels, interactions, publish, store, protocol, auth, time
+//! channels  ──► interactions, publish, store, protocol, auth, config, time
+//! rate      ──► config ──► store
+//! interactions, publish, store, protocol, auth, time: nothing above them
+//! ```
+//!
+//! `server` reaches channels only through `channels::addr` (it names no actor
+//! message); `providers` implements `channels::agent::AgentDirectory`, so the
+//! chat starts turns without knowing which kind of agent it has.
 //!
 //! The flow of one client action: a connection decodes `dispatchAction` and
 //! routes it by `params.channel` to the channel's actor; the actor validates
