@@ -22,6 +22,8 @@ use ahp_types::state::PendingMessageKind;
 use jsonwebtoken::{decode, encode, Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
+use crate::ids::ChannelUri;
+
 /// What a token lets its holder be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -88,10 +90,13 @@ impl Principal {
     }
 
     /// May it see and act on session `uri`?
-    pub fn may_use_session(&self, uri: &str) -> bool {
+    pub fn may_use_session(&self, uri: &ChannelUri) -> bool {
         match self.role {
             Role::Admin => true,
-            Role::Client | Role::Agent => self.sessions.as_ref().is_none_or(|s| s.contains(uri)),
+            Role::Client | Role::Agent => self
+                .sessions
+                .as_ref()
+                .is_none_or(|s| s.contains(uri.as_str())),
         }
     }
 
@@ -354,8 +359,8 @@ mod tests {
             .expect("mint");
         let p = a.verify(&t).expect("valid");
         assert_eq!(p.role, Role::Client);
-        assert!(p.may_use_session("ahp-session:/x"));
-        assert!(!p.may_use_session("ahp-session:/y"));
+        assert!(p.may_use_session(&"ahp-session:/x".into()));
+        assert!(!p.may_use_session(&"ahp-session:/y".into()));
         assert!(!p.may_register_providers());
         let admin = a
             .verify(
@@ -364,7 +369,7 @@ mod tests {
             )
             .expect("valid");
         assert!(
-            admin.may_use_session("ahp-session:/y"),
+            admin.may_use_session(&"ahp-session:/y".into()),
             "admin sees everything"
         );
     }

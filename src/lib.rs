@@ -15,11 +15,13 @@
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`config`] | tunables and limits |
 //! | [`rate`] | token buckets: dispatches per connection, bytes of actions per subject |
+//! | [`ids`] | the newtypes every layer passes around: `ChannelUri`, `ClientId`, `ServerSeq`, `ConnId` (the wire sees their inner values) |
 //!
 //! ## Dependencies between modules
 //!
 //! Arrows point one way only (the `use crate::` lines; no two top-level
-//! modules import each other):
+//! modules import each other). Every module may use [`ids`], which uses
+//! nothing of the crate:
 //!
 //! ```text
 //! server    ──► providers, channels, interactions, publish, store, protocol, auth, rate, config
@@ -27,6 +29,7 @@
 //! channels  ──► interactions, publish, store, protocol, auth, config, time
 //! rate      ──► config ──► store
 //! interactions, publish, store, protocol, auth, time: nothing above them
+//! ids: nothing (the bottom layer)
 //! ```
 //!
 //! `server` reaches channels only through `channels::addr` (it names no actor
@@ -42,6 +45,7 @@
 pub mod auth;
 pub mod channels;
 pub mod config;
+pub mod ids;
 pub mod interactions;
 pub mod protocol;
 pub mod providers;

@@ -22,6 +22,7 @@ use super::registry::{Channel, ChannelAddr};
 use super::root::{AgentsChanged, CreateSession, ListSessions, RemoveSession, RootActor};
 use super::session::{CreateChat, ListPending, RemoveChat};
 use super::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::ids::ChannelUri;
 use crate::interactions::{Interaction, Outcome, Settlement};
 use crate::protocol::RpcError;
 use crate::publish::{Hub, Outbound};
@@ -111,7 +112,7 @@ impl ChannelAddr {
     /// `createSession` (asked of the root).
     pub fn create_session(
         &self,
-        uri: String,
+        uri: ChannelUri,
         provider: Option<String>,
         owner: SessionOwner,
     ) -> impl Future<Output = Result<(), RpcError>> + 'static {
@@ -125,7 +126,7 @@ impl ChannelAddr {
     }
 
     /// `disposeSession` (asked of the root).
-    pub fn dispose_session(&self, uri: String) -> impl Future<Output = Result<(), RpcError>> {
+    pub fn dispose_session(&self, uri: ChannelUri) -> impl Future<Output = Result<(), RpcError>> {
         let sent = self.root().map(|a| a.send(RemoveSession { uri }));
         async move { answered(sent?.await) }
     }
@@ -155,7 +156,10 @@ impl ChannelAddr {
     }
 
     /// `createChat` in this session; `None` unless this is a session.
-    pub fn create_chat(&self, chat: String) -> Option<impl Future<Output = Result<(), RpcError>>> {
+    pub fn create_chat(
+        &self,
+        chat: ChannelUri,
+    ) -> Option<impl Future<Output = Result<(), RpcError>>> {
         let ChannelAddr::Session(a) = self else {
             return None;
         };
@@ -165,7 +169,10 @@ impl ChannelAddr {
 
     /// `disposeChat` of one of this session's chats; `None` unless this is a
     /// session.
-    pub fn remove_chat(&self, chat: String) -> Option<impl Future<Output = Result<(), RpcError>>> {
+    pub fn remove_chat(
+        &self,
+        chat: ChannelUri,
+    ) -> Option<impl Future<Output = Result<(), RpcError>>> {
         let ChannelAddr::Session(a) = self else {
             return None;
         };
@@ -210,7 +217,7 @@ impl ChannelAddr {
     /// this is not a chat, or the chat goes away).
     pub fn interact(
         &self,
-        uri: Arc<str>,
+        uri: ChannelUri,
         turn_id: String,
         interaction: Interaction,
     ) -> impl Future<Output = Settlement> {

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use crate::ids::ChannelUri;
 use ahp_types::state::{AgentInfo, Message};
 
 pub use super::chat::ChatHandle;
@@ -15,7 +16,7 @@ pub use super::chat::ChatHandle;
 /// One turn handed to an agent.
 pub struct AgentTurn {
     /// Owning session URI.
-    pub session: Arc<str>,
+    pub session: ChannelUri,
     /// The way back into the chat.
     pub handle: ChatHandle,
     /// The user message that started the turn.

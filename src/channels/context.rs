@@ -15,7 +15,7 @@ use actix::prelude::*;
 use super::agent::AgentDirectory;
 use super::registry::Registry;
 use crate::config::Config;
-use crate::publish::Publisher;
+use crate::publish::{Publisher, ServerSeq};
 use crate::store::Journal;
 
 /// Application context handed to every actor and connection.
@@ -45,7 +45,7 @@ impl Shared {
         journal: Arc<dyn Journal>,
         providers: Arc<dyn AgentDirectory>,
         arbiters: Vec<ArbiterHandle>,
-        start_seq: u64,
+        start_seq: ServerSeq,
     ) -> Self {
         let reserving = journal.clone();
         Self {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ahp_types::actions::{ActionOrigin, StateAction};
 
 pub use super::context::Shared;
+use crate::ids::ChannelUri;
 use crate::publish::{rejection_frame, Hub, Outbound, Push, ServerSeq};
 use crate::store::{Batch, JournalError, Record, SnapshotRecord, TurnRecord};
 
@@ -37,7 +38,7 @@ impl Accepted {
 /// A channel's identity and its path to subscribers.
 pub struct ChannelCore {
     /// Channel URI.
-    pub uri: Arc<str>,
+    pub uri: ChannelUri,
     /// Subscribers.
     pub hub: Arc<Hub>,
     /// Server context.
@@ -55,7 +56,7 @@ pub struct ChannelCore {
 
 impl ChannelCore {
     /// A core for a channel with `journal_len` records already stored.
-    pub fn new(uri: Arc<str>, hub: Arc<Hub>, shared: Arc<Shared>) -> Self {
+    pub fn new(uri: ChannelUri, hub: Arc<Hub>, shared: Arc<Shared>) -> Self {
         let journal_len = shared.journal.len(&uri);
         Self {
             uri,

@@ -34,7 +34,7 @@ use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 
 use crate::protocol::RpcError;
-use crate::publish::Outbound;
+use crate::publish::{Outbound, ServerSeq};
 
 pub use registry::{Channel, ChannelAddr, Registry};
 pub use validate::Rejection;
@@ -72,7 +72,7 @@ pub struct SnapshotJson(pub String);
 
 impl SnapshotJson {
     /// Build the `Snapshot` object from its parts.
-    pub fn new(resource: &str, state_json: &str, from_seq: u64) -> Self {
+    pub fn new(resource: &str, state_json: &str, from_seq: ServerSeq) -> Self {
         let resource = serde_json::to_string(resource).unwrap_or_else(|_| "\"\"".into());
         SnapshotJson(format!(
             "{{\"resource\":{resource},\"state\":{state_json},\"fromSeq\":{from_seq}}}"

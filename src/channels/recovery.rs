@@ -18,11 +18,12 @@ use super::core::ChannelCore;
 use super::registry::{Channel, ChannelAddr};
 use super::root::RootActor;
 use super::session::{new_session_state, summary_of, AttachChats, SessionActor};
+use crate::ids::ChannelUri;
 use crate::publish::Hub;
 use crate::store::{ChannelKind, Recovered, RecoveredChannel};
 
 /// A chat's URI and actor, to attach to its session.
-type ChatEntry = (Arc<str>, Addr<ChatActor>);
+type ChatEntry = (ChannelUri, Addr<ChatActor>);
 
 /// A channel's rebuilt state.
 pub enum Rebuilt {
@@ -135,10 +136,10 @@ impl Handler<Restore> for RootActor {
             replayed,
             ..RecoveryStats::default()
         };
-        let mut sessions: HashMap<String, Addr<SessionActor>> = HashMap::new();
-        let mut attach: HashMap<String, Vec<ChatEntry>> = HashMap::new();
+        let mut sessions: HashMap<ChannelUri, Addr<SessionActor>> = HashMap::new();
+        let mut attach: HashMap<ChannelUri, Vec<ChatEntry>> = HashMap::new();
         for (c, state) in channels.into_iter().zip(rebuilt) {
-            let uri: Arc<str> = c.info.uri.clone().into();
+            let uri = c.info.uri.clone();
             match state? {
                 Rebuilt::Session(state) => {
                     let summary = summary_of(&uri, &state, &c.info.created_at);
@@ -173,7 +174,7 @@ impl Handler<Restore> for RootActor {
                         uri.clone(),
                         hub.clone(),
                         shared.clone(),
-                        Arc::<str>::from(session_uri.as_str()),
+                        session_uri.clone(),
                         c.info.provider.clone(),
                     );
                     let sa = session.clone();
@@ -184,7 +185,7 @@ impl Handler<Restore> for RootActor {
                         uri: uri.clone(),
                         hub,
                         addr: ChannelAddr::Chat(addr.clone()),
-                        session: Some(session_uri.as_str().into()),
+                        session: Some(session_uri.clone()),
                         provider: Some(c.info.provider.as_str().into()),
                     });
                     attach.entry(session_uri).or_default().push((uri, addr));

@@ -8,6 +8,7 @@ use dashmap::DashMap;
 use super::chat::ChatActor;
 use super::root::RootActor;
 use super::session::SessionActor;
+use crate::ids::ChannelUri;
 use crate::publish::Hub;
 
 /// The actor behind a channel.
@@ -25,13 +26,13 @@ pub enum ChannelAddr {
 #[derive(Clone)]
 pub struct Channel {
     /// The channel URI, shared with ring entries.
-    pub uri: Arc<str>,
+    pub uri: ChannelUri,
     /// Its subscribers.
     pub hub: Arc<Hub>,
     /// Its actor.
     pub addr: ChannelAddr,
     /// For chats and sessions: the owning session URI.
-    pub session: Option<Arc<str>>,
+    pub session: Option<ChannelUri>,
     /// For chats and sessions: the session's provider id.
     pub provider: Option<Arc<str>>,
 }
@@ -39,13 +40,13 @@ pub struct Channel {
 /// Every live channel by URI.
 #[derive(Default)]
 pub struct Registry {
-    channels: DashMap<String, Channel>,
+    channels: DashMap<ChannelUri, Channel>,
 }
 
 impl Registry {
     /// Register a channel (replacing nothing: URIs are unique).
     pub fn insert(&self, channel: Channel) {
-        self.channels.insert(channel.uri.to_string(), channel);
+        self.channels.insert(channel.uri.clone(), channel);
     }
 
     /// Look a channel up.

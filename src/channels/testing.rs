@@ -16,10 +16,11 @@ use super::core::Shared;
 use super::registry::{Channel, ChannelAddr};
 use super::root::RootActor;
 use super::Subscribe;
+use crate::ids::{ChannelUri, ServerSeq};
 use crate::publish::{Hub, Outbound};
 use crate::store::{
     Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered,
-    RecoveredChannel,
+    RecoveredChannel, TurnPage,
 };
 
 /// How long a test waits for anything before it fails.
@@ -95,7 +96,7 @@ impl Journal for TestJournal {
         })
     }
 
-    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
+    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit {
         for r in &batch.records {
             self.event(format!("append {r}"));
         }
@@ -107,25 +108,20 @@ impl Journal for TestJournal {
         self.inner.append(channel, expected_seq, batch)
     }
 
-    fn remove(&self, channel: &str) {
+    fn remove(&self, channel: &ChannelUri) {
         self.event(format!("remove {channel}"));
         self.inner.remove(channel)
     }
 
-    fn len(&self, channel: &str) -> u64 {
+    fn len(&self, channel: &ChannelUri) -> u64 {
         self.inner.len(channel)
     }
 
-    fn turns_before(
-        &self,
-        chat: &str,
-        before: u64,
-        limit: u64,
-    ) -> Result<Vec<Arc<str>>, JournalError> {
+    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
         self.inner.turns_before(chat, before, limit)
     }
 
-    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
+    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
         self.inner.reserve_seq(upto)
     }
 
@@ -146,7 +142,7 @@ impl Journal for TestJournal {
         Ok(())
     }
 
-    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+    fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
         self.inner.load_channel(uri)
     }
 }
@@ -209,7 +205,7 @@ pub fn shared(journal: Arc<dyn Journal>, agents: Arc<dyn AgentDirectory>) -> Arc
         journal,
         agents,
         Vec::new(),
-        0,
+        ServerSeq::ZERO,
     ))
 }
 

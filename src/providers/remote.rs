@@ -25,6 +25,7 @@ use serde_json::json;
 use super::{Agent, AgentTurn, ChatHandle};
 use crate::auth::Principal;
 use crate::channels::chat::chat_error;
+use crate::ids::ChannelUri;
 use crate::protocol::encode_notification;
 use crate::publish::{ConnId, Outbound, Push};
 
@@ -41,7 +42,7 @@ struct State {
     /// Bumped on every attach and detach, so a stale grace timer does nothing.
     generation: u64,
     /// Active turns by (chat, turn id).
-    turns: HashMap<(String, String), (Arc<str>, ChatHandle, ahp_types::state::Message)>,
+    turns: HashMap<(String, String), (ChannelUri, ChatHandle, ahp_types::state::Message)>,
 }
 
 /// A provider served over a connection.

@@ -17,11 +17,9 @@ use ahp_types::actions::ActionOrigin;
 use bytestring::ByteString;
 use parking_lot::Mutex;
 
-pub use outbound::{ConnId, Outbound, Push};
-
-/// A position in the server-wide action order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct ServerSeq(pub u64);
+use crate::ids::ChannelUri;
+pub use crate::ids::{ConnId, ServerSeq};
+pub use outbound::{Outbound, Push};
 
 /// The subscribers of one channel. Shared between the channel's actor (which
 /// publishes) and reconnect handling (which re-registers under the publisher
@@ -75,8 +73,8 @@ impl Hub {
 }
 
 struct RingEntry {
-    seq: u64,
-    channel: Arc<str>,
+    seq: ServerSeq,
+    channel: ChannelUri,
     /// Only for connections that see every session (see
     /// [`Publisher::publish_unjournaled`]).
     unscoped_only: bool,
@@ -89,7 +87,7 @@ struct RingEntry {
 const SEQ_BLOCK: u64 = 1 << 20;
 
 /// Durably records a reservation; the store's reason if it refused.
-pub type Reserver = Box<dyn Fn(u64) -> Result<(), String> + Send + Sync>;
+pub type Reserver = Box<dyn Fn(ServerSeq) -> Result<(), String> + Send + Sync>;
 
 /// The store refused a `serverSeq` reservation: from then on no new number
 /// is handed out, so none can repeat after a restart.
@@ -99,9 +97,9 @@ pub struct SeqRefused(pub String);
 
 struct SeqState {
     /// Last assigned `serverSeq`.
-    seq: u64,
+    seq: ServerSeq,
     /// Highest `serverSeq` the store allows before the next reservation.
-    reserved: u64,
+    reserved: ServerSeq,
     /// Numbers promised to journaled actions not yet published
     /// ([`Publisher::claim`]); `seq + claimed <= reserved` always holds.
     claimed: u64,
@@ -156,7 +154,7 @@ pub struct Publisher {
 impl Publisher {
     /// Start counting after `start_seq` (the highest seq ever handed out, so the
     /// counter never goes backwards across restarts when the store remembers it).
-    pub fn new(start_seq: u64, ring_len: usize) -> Self {
+    pub fn new(start_seq: ServerSeq, ring_len: usize) -> Self {
         Self::with_reserver(start_seq, ring_len, usize::MAX, Box::new(|_| Ok(())))
     }
 
@@ -164,7 +162,7 @@ impl Publisher {
     /// bytes for replay, and durably reserves blocks of `serverSeq` before
     /// using them (the store's `reserve_seq`).
     pub fn with_reserver(
-        start_seq: u64,
+        start_seq: ServerSeq,
         ring_len: usize,
         ring_bytes: usize,
         reserver: Reserver,
@@ -190,7 +188,7 @@ impl Publisher {
     }
 
     /// The last assigned `serverSeq`.
-    pub fn current(&self) -> u64 {
+    pub fn current(&self) -> ServerSeq {
         self.state.lock().seq
     }
 
@@ -204,7 +202,7 @@ impl Publisher {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        let need = st.seq + st.claimed + n;
+        let need = st.seq.plus(st.claimed + n);
         self.reserve(&mut st, need)?;
         st.claimed += n;
         Ok(())
@@ -218,18 +216,18 @@ impl Publisher {
 
     /// Make sure the store allows numbers up to `need` (rare: once per
     /// block, a short synchronous store write). A refusal is remembered.
-    fn reserve(&self, st: &mut SeqState, need: u64) -> Result<(), SeqRefused> {
+    fn reserve(&self, st: &mut SeqState, need: ServerSeq) -> Result<(), SeqRefused> {
         if need <= st.reserved {
             return Ok(());
         }
-        let upto = need + SEQ_BLOCK;
+        let upto = need.plus(SEQ_BLOCK);
         match (self.reserver)(upto) {
             Ok(()) => {
                 st.reserved = upto;
                 Ok(())
             }
             Err(reason) => {
-                tracing::error!(upto, %reason, "could not reserve serverSeq values in the store; writes stop");
+                tracing::error!(%upto, %reason, "could not reserve serverSeq values in the store; writes stop");
                 let e = SeqRefused(reason);
                 st.failed = Some(e.clone());
                 Err(e)
@@ -244,7 +242,7 @@ impl Publisher {
     /// `StateAction`. Returns the assigned seq.
     pub fn publish(
         &self,
-        channel: &Arc<str>,
+        channel: &ChannelUri,
         hub: &Hub,
         action_json: &str,
         origin: Option<&ActionOrigin>,
@@ -256,7 +254,7 @@ impl Publisher {
             // Nothing claimed (a caller outside the journal path): reserve
             // now, and drop the action rather than use an unreserved number.
             if self.unclaimed(&mut st).is_err() {
-                return ServerSeq(st.seq);
+                return st.seq;
             }
         } else {
             st.claimed -= 1;
@@ -272,7 +270,7 @@ impl Publisher {
     /// receive it nor get it in a replay.
     pub fn publish_unjournaled(
         &self,
-        channel: &Arc<str>,
+        channel: &ChannelUri,
         hub: &Hub,
         action_json: &str,
         unscoped_only: bool,
@@ -288,7 +286,7 @@ impl Publisher {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        let need = st.seq + st.claimed + 1;
+        let need = st.seq.plus(st.claimed + 1);
         self.reserve(st, need)
     }
 
@@ -298,7 +296,7 @@ impl Publisher {
         &self,
         mut st: parking_lot::MutexGuard<'_, SeqState>,
         text: &Encoded,
-        channel: &Arc<str>,
+        channel: &ChannelUri,
         hub: &Hub,
         action_json: &str,
         origin_conn: Option<&Arc<Outbound>>,
@@ -308,7 +306,7 @@ impl Publisher {
             channel_json,
             origin_json,
         } = text;
-        st.seq += 1;
+        st.seq = st.seq.next();
         let seq = st.seq;
         debug_assert!(seq <= st.reserved, "an unreserved serverSeq");
         let envelope: Arc<str> = format!(
@@ -355,7 +353,7 @@ impl Publisher {
             st.ring.clear();
             st.ring_bytes = 0;
         }
-        ServerSeq(seq)
+        seq
     }
 
     /// Register `conn` on `hub` at the current seq: every later envelope of the
@@ -365,7 +363,7 @@ impl Publisher {
         &self,
         hub: &Hub,
         conn: &Arc<Outbound>,
-        under_lock: impl FnOnce(u64) -> R,
+        under_lock: impl FnOnce(ServerSeq) -> R,
     ) -> R {
         let st = self.state.lock();
         hub.add(conn);
@@ -377,8 +375,8 @@ impl Publisher {
     /// channels, all under the lock so nothing falls between replay and live.
     pub fn replay_and_subscribe(
         &self,
-        last_seen: u64,
-        channels: &[(Arc<str>, Arc<Hub>)],
+        last_seen: ServerSeq,
+        channels: &[(ChannelUri, Arc<Hub>)],
         conn: &Arc<Outbound>,
         max_bytes: usize,
         under_lock: impl FnOnce(&[Arc<str>]),
@@ -386,7 +384,7 @@ impl Publisher {
         let st = self.state.lock();
         let covered = last_seen <= st.seq
             && match st.ring.front() {
-                Some(first) => first.seq <= last_seen + 1,
+                Some(first) => first.seq <= last_seen.next(),
                 None => last_seen == st.seq,
             };
         if !covered {
@@ -396,7 +394,7 @@ impl Publisher {
         let envelopes: Vec<Arc<str>> = st
             .ring
             .range(start..)
-            .filter(|e| channels.iter().any(|(c, _)| **c == *e.channel))
+            .filter(|e| channels.iter().any(|(c, _)| *c == e.channel))
             .filter(|e| !(e.unscoped_only && conn.is_scoped()))
             .map(|e| e.envelope.clone())
             .collect();
@@ -423,7 +421,7 @@ pub fn action_frame(envelope: &str) -> ByteString {
 pub fn rejection_frame(
     channel: &str,
     action_json: &str,
-    last_seq: u64,
+    last_seq: ServerSeq,
     origin: &ActionOrigin,
     reason: &str,
 ) -> ByteString {
@@ -446,18 +444,24 @@ mod tests {
 
     #[test]
     fn publish_assigns_increasing_seqs_and_echoes_origin_once() {
-        let p = Publisher::new(0, 16);
+        let p = Publisher::new(ServerSeq::ZERO, 16);
         let hub = Hub::default();
         let a = conn(1 << 20);
         let b = conn(1 << 20);
         hub.add(&a);
-        let ch: Arc<str> = "ahp-chat:/x".into();
+        let ch = ChannelUri::from("ahp-chat:/x");
         let origin = ActionOrigin {
             client_id: "c".into(),
             client_seq: 1,
         };
-        assert_eq!(p.publish(&ch, &hub, "{}", Some(&origin), Some(&a)).0, 1);
-        assert_eq!(p.publish(&ch, &hub, "{}", Some(&origin), Some(&b)).0, 2);
+        assert_eq!(
+            p.publish(&ch, &hub, "{}", Some(&origin), Some(&a)),
+            ServerSeq::new(1)
+        );
+        assert_eq!(
+            p.publish(&ch, &hub, "{}", Some(&origin), Some(&b)),
+            ServerSeq::new(2)
+        );
         assert_eq!(
             a.drain_for_test().len(),
             2,
@@ -468,14 +472,14 @@ mod tests {
             1,
             "non-subscribed sender gets its echo"
         );
-        assert_eq!(a.last_seq(), 2);
+        assert_eq!(a.last_seq(), ServerSeq::new(2));
     }
 
     #[test]
     fn the_ring_is_bounded_in_bytes_and_falls_back_to_snapshots() {
-        let p = Publisher::with_reserver(0, 1000, 1000, Box::new(|_| Ok(())));
+        let p = Publisher::with_reserver(ServerSeq::ZERO, 1000, 1000, Box::new(|_| Ok(())));
         let hub = Arc::new(Hub::default());
-        let ch: Arc<str> = "ahp-chat:/x".into();
+        let ch = ChannelUri::from("ahp-chat:/x");
         let big = format!("\"{}\"", "x".repeat(300));
         for _ in 0..10 {
             p.publish(&ch, &hub, &big, None, None);
@@ -485,12 +489,12 @@ mod tests {
         let c = conn(1 << 20);
         assert!(
             matches!(
-                p.replay_and_subscribe(5, &chans, &c, usize::MAX, |_| {}),
+                p.replay_and_subscribe(ServerSeq::new(5), &chans, &c, usize::MAX, |_| {}),
                 Replay::TooOld
             ),
             "what the byte bound dropped is answered with snapshots"
         );
-        match p.replay_and_subscribe(8, &chans, &c, usize::MAX, |_| {}) {
+        match p.replay_and_subscribe(ServerSeq::new(8), &chans, &c, usize::MAX, |_| {}) {
             Replay::Envelopes(e) => assert_eq!(e.len(), 2),
             Replay::TooOld => panic!("the newest envelopes are kept"),
         }
@@ -498,11 +502,11 @@ mod tests {
         p.publish(&ch, &hub, &huge, None, None);
         assert_eq!(p.ring_bytes(), 0, "an envelope over the bound is not kept");
         assert!(matches!(
-            p.replay_and_subscribe(10, &chans, &c, usize::MAX, |_| {}),
+            p.replay_and_subscribe(ServerSeq::new(10), &chans, &c, usize::MAX, |_| {}),
             Replay::TooOld
         ));
         p.publish(&ch, &hub, "{}", None, None);
-        match p.replay_and_subscribe(11, &chans, &c, usize::MAX, |_| {}) {
+        match p.replay_and_subscribe(ServerSeq::new(11), &chans, &c, usize::MAX, |_| {}) {
             Replay::Envelopes(e) => assert_eq!(e.len(), 1),
             Replay::TooOld => panic!("replay resumes after the large one"),
         }
@@ -513,14 +517,14 @@ mod tests {
     fn reserving(refuse: &Arc<AtomicBool>, granted: &Arc<AtomicU64>) -> Publisher {
         let (refuse, granted) = (refuse.clone(), granted.clone());
         Publisher::with_reserver(
-            0,
+            ServerSeq::ZERO,
             16,
             usize::MAX,
             Box::new(move |upto| {
                 if refuse.load(Ordering::SeqCst) {
                     return Err("disk full".into());
                 }
-                granted.fetch_max(upto, Ordering::SeqCst);
+                granted.fetch_max(upto.get(), Ordering::SeqCst);
                 Ok(())
             }),
         )
@@ -534,12 +538,12 @@ mod tests {
         let hub = Hub::default();
         let sub = conn(1 << 20);
         hub.add(&sub);
-        let ch: Arc<str> = "ahp-chat:/x".into();
+        let ch = ChannelUri::from("ahp-chat:/x");
         let err = p.claim(1).expect_err("nothing reserved, nothing claimed");
         assert!(err.to_string().contains("disk full"), "{err}");
         assert_eq!(p.publish_unjournaled(&ch, &hub, "{}", false), None);
         assert_eq!(p.publish_unjournaled(&ch, &hub, "{}", true), None);
-        assert_eq!(p.current(), 0, "no number was handed out");
+        assert_eq!(p.current(), ServerSeq::ZERO, "no number was handed out");
         assert!(sub.drain_for_test().is_empty(), "nothing was published");
         refuse.store(false, Ordering::SeqCst);
         assert!(
@@ -555,7 +559,7 @@ mod tests {
         let granted = Arc::new(AtomicU64::new(0));
         let p = reserving(&refuse, &granted);
         let hub = Hub::default();
-        let ch: Arc<str> = "ahp-chat:/x".into();
+        let ch = ChannelUri::from("ahp-chat:/x");
         p.claim(3).expect("reserved");
         let block = granted.load(Ordering::SeqCst);
         assert!(block >= 3, "the claim is covered: {block}");
@@ -563,7 +567,7 @@ mod tests {
         // Numbers claimed before the store failed are still safe to use.
         for _ in 0..3 {
             let seq = p.publish(&ch, &hub, "{}", None, None);
-            assert!(seq.0 <= block, "{} beyond the reservation {block}", seq.0);
+            assert!(seq.get() <= block, "{seq} beyond the reservation {block}");
         }
         // Claims up to the reserved block need no store write...
         p.claim(block - 3).expect("inside the reserved block");
@@ -572,33 +576,33 @@ mod tests {
         p.release(block - 3);
         assert!(p.claim(1).is_err(), "released or not, writes stay stopped");
         assert_eq!(p.publish_unjournaled(&ch, &hub, "{}", false), None);
-        assert_eq!(p.current(), 3);
+        assert_eq!(p.current(), ServerSeq::new(3));
     }
 
     #[test]
     fn replay_covers_only_what_the_ring_holds() {
-        let p = Publisher::new(0, 3);
+        let p = Publisher::new(ServerSeq::ZERO, 3);
         let hub = Arc::new(Hub::default());
-        let ch: Arc<str> = "ahp-chat:/x".into();
+        let ch = ChannelUri::from("ahp-chat:/x");
         for _ in 0..5 {
             p.publish(&ch, &hub, "{}", None, None);
         }
         let c = conn(1 << 20);
         let chans = vec![(ch.clone(), hub.clone())];
         assert!(matches!(
-            p.replay_and_subscribe(1, &chans, &c, usize::MAX, |_| {}),
+            p.replay_and_subscribe(ServerSeq::new(1), &chans, &c, usize::MAX, |_| {}),
             Replay::TooOld
         ));
-        match p.replay_and_subscribe(2, &chans, &c, usize::MAX, |_| {}) {
+        match p.replay_and_subscribe(ServerSeq::new(2), &chans, &c, usize::MAX, |_| {}) {
             Replay::Envelopes(e) => assert_eq!(e.len(), 3),
             Replay::TooOld => panic!("ring holds seqs 3..=5"),
         }
         assert!(hub.contains(c.id()));
         assert!(matches!(
-            p.replay_and_subscribe(9, &chans, &c, usize::MAX, |_| {}),
+            p.replay_and_subscribe(ServerSeq::new(9), &chans, &c, usize::MAX, |_| {}),
             Replay::TooOld
         ));
-        match p.replay_and_subscribe(5, &chans, &c, usize::MAX, |_| {}) {
+        match p.replay_and_subscribe(ServerSeq::new(5), &chans, &c, usize::MAX, |_| {}) {
             Replay::Envelopes(e) => assert!(e.is_empty()),
             Replay::TooOld => panic!("nothing missed"),
         }

@@ -36,11 +36,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use parking_lot::Mutex;
 
-/// Identifies one WebSocket connection for the life of the process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnId(pub u64);
-
-static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+use crate::ids::{ConnId, ServerSeq};
 
 /// Why a connection's socket must close.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,10 +117,10 @@ pub enum Take {
 pub enum Push<'a> {
     /// Another connection's action envelope carrying `serverSeq` `seq`:
     /// counted, paced.
-    Envelope(u64, ByteString),
+    Envelope(ServerSeq, ByteString),
     /// The envelope of this connection's own action, carrying `seq`: the
     /// client waits for it, so it is urgent.
-    Echo(u64, ByteString),
+    Echo(ServerSeq, ByteString),
     /// A notification to every subscriber: counted, paced.
     Notification(ByteString),
     /// A frame the client is waiting for (the response to one of its
@@ -133,7 +129,7 @@ pub enum Push<'a> {
     Response(ByteString),
     /// A response built from the last `serverSeq` pushed here (rejection
     /// echoes carry it), atomically with reading it: counted, urgent.
-    AfterLastSeq(&'a dyn Fn(u64) -> ByteString),
+    AfterLastSeq(&'a dyn Fn(ServerSeq) -> ByteString),
     /// A pong answering the client's ping with its payload: counted (a
     /// client that pings and never reads is evicted like any other), urgent.
     Pong(Bytes),
@@ -146,7 +142,7 @@ struct State {
     /// Bytes of the replies in `frames`.
     reply_bytes: usize,
     /// Highest `serverSeq` pushed to this connection.
-    last_seq: u64,
+    last_seq: ServerSeq,
     /// While true, pushes go to `held` so a reply can be queued before them.
     gated: bool,
     held: VecDeque<Frame>,
@@ -225,7 +221,7 @@ impl Outbound {
     /// A queue for a connection limited to `scope` sessions.
     pub fn scoped(limit_bytes: usize, scope: Option<Arc<HashSet<String>>>) -> Self {
         Self {
-            id: ConnId(NEXT_CONN.fetch_add(1, Ordering::Relaxed)),
+            id: ConnId::next(),
             limit_bytes,
             scope,
             last_rx_ms: AtomicU64::new(now_ms()),
@@ -233,7 +229,7 @@ impl Outbound {
                 frames: VecDeque::new(),
                 bytes: 0,
                 reply_bytes: 0,
-                last_seq: 0,
+                last_seq: ServerSeq::ZERO,
                 gated: false,
                 held: VecDeque::new(),
                 close: None,
@@ -264,7 +260,7 @@ impl Outbound {
     }
 
     /// Highest `serverSeq` pushed so far.
-    pub fn last_seq(&self) -> u64 {
+    pub fn last_seq(&self) -> ServerSeq {
         self.state.lock().last_seq
     }
 

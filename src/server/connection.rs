@@ -19,6 +19,7 @@ use super::inbound::{Inbound, ReadError, Received};
 use super::socket::OnGone;
 use super::AppState;
 use crate::auth::Principal;
+use crate::ids::{ChannelUri, ClientId};
 use crate::protocol::methods as m;
 use crate::protocol::{self, errors, Incoming, RpcError};
 use crate::publish::outbound::CloseCause;
@@ -31,9 +32,9 @@ pub struct Connection {
     /// This connection's queue of frames to the client.
     pub(super) out: Arc<Outbound>,
     /// Set by `initialize` or `reconnect`.
-    pub(super) client_id: Option<String>,
+    pub(super) client_id: Option<ClientId>,
     /// Channels this connection is subscribed to.
-    pub(super) subs: HashSet<Arc<str>>,
+    pub(super) subs: HashSet<ChannelUri>,
     /// Providers this connection registered (it is their agent).
     pub(super) providers: HashSet<String>,
     /// Who is on the connection.
@@ -65,7 +66,7 @@ impl Connection {
     ) -> OnGone {
         let rate_key = match &app.auth {
             Some(_) => principal.subject.clone(),
-            None => format!("conn:{}", out.id().0),
+            None => format!("conn:{}", out.id()),
         };
         let budget =
             crate::rate::DispatchBudget::new(&app.shared.config.limits, std::time::Instant::now());
@@ -97,7 +98,7 @@ impl Connection {
             return;
         };
         if left.is_zero() {
-            tracing::info!(conn = self.out.id().0, subject = %self.principal.subject, "closing: the token expired");
+            tracing::info!(conn = %self.out.id(), subject = %self.principal.subject, "closing: the token expired");
             self.out.close(CloseCause::TokenExpired);
             return;
         }
@@ -163,14 +164,14 @@ impl StreamHandler<Result<Received, ReadError>> for Connection {
             Ok(Received::Ping(bytes)) => self.out.push(Push::Pong(bytes)),
             Ok(Received::Pong) => {}
             Ok(Received::Close(reason)) => {
-                tracing::debug!(conn = self.out.id().0, ?reason, "client closed");
+                tracing::debug!(conn = %self.out.id(), ?reason, "client closed");
                 self.out
                     .close(CloseCause::ClientClosed(reason.map(|r| r.code.into())));
                 ctx.stop();
             }
             Err(e) => {
                 let msg = e.to_string();
-                tracing::info!(conn = self.out.id().0, %msg, "closing on bad frame");
+                tracing::info!(conn = %self.out.id(), %msg, "closing on bad frame");
                 self.reply_error(&Value::Null, RpcError::invalid_request(msg));
                 self.out.close(e.close_cause());
             }
@@ -195,7 +196,7 @@ impl Connection {
 
     /// Answer request `id` with an error.
     pub(super) fn reply_error(&self, id: &Value, err: RpcError) {
-        tracing::debug!(conn = self.out.id().0, code = err.code, message = %err.message, "error reply");
+        tracing::debug!(conn = %self.out.id(), code = err.code, message = %err.message, "error reply");
         self.out
             .push(Push::Response(ByteString::from(protocol::encode_error(
                 id, &err,
@@ -262,7 +263,7 @@ impl Connection {
     }
 
     /// The session a channel belongs to (a session URI names itself).
-    fn session_of(&self, uri: &str) -> Option<Arc<str>> {
+    fn session_of(&self, uri: &str) -> Option<ChannelUri> {
         match self.app.shared.registry.get(uri) {
             Some(c) => c.session,
             None if uri.starts_with("ahp-session:") => Some(uri.into()),

@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use crate::ids::ChannelUri;
 use crate::protocol::RpcError;
 
 /// `tandem/registerProvider` params.
@@ -10,7 +11,7 @@ use crate::protocol::RpcError;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegisterProviderParams {
     /// Always `ahp-root://`: providers are listed in root state.
-    pub channel: String,
+    pub channel: ChannelUri,
     /// The provider id sessions name.
     pub provider: String,
     /// Shown to clients in root state.
@@ -46,7 +47,7 @@ impl RegisterProviderParams {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RequestInteractionParams {
     /// The chat to ask in.
-    pub channel: String,
+    pub channel: ChannelUri,
     /// The active turn the interaction belongs to.
     pub turn_id: String,
     /// What is asked (an [`crate::interactions::Interaction`], decoded and
@@ -59,5 +60,5 @@ pub struct RequestInteractionParams {
 #[serde(rename_all = "camelCase")]
 pub struct ChannelParams {
     /// The channel URI.
-    pub channel: String,
+    pub channel: ChannelUri,
 }

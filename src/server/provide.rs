@@ -135,7 +135,7 @@ impl Connection {
                 shared.config.provider_grace,
             )
             .map_err(register_error)?;
-        tracing::info!(%provider, conn = self.out.id().0, subject = %self.principal.subject, "provider registered");
+        tracing::info!(%provider, conn = %self.out.id(), subject = %self.principal.subject, "provider registered");
         self.providers.insert(provider);
         self.app.root.agents_changed();
         Ok(())

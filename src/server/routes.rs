@@ -105,7 +105,7 @@ impl Connection {
         frame_bytes: usize,
     ) -> Result<(), RpcError> {
         let origin = ActionOrigin {
-            client_id: self.client_id.clone().unwrap_or_default(),
+            client_id: self.client_id.clone().map(String::from).unwrap_or_default(),
             client_seq: p.client_seq,
         };
         if let Some(reason) = self.dispatch_refusal(&p, frame_bytes) {
@@ -168,7 +168,10 @@ impl Connection {
             subject: self.principal.subject.clone(),
             max_sessions: self.app.shared.config.limits.max_sessions_per_token,
         };
-        let done = self.app.root.create_session(p.channel, p.provider, owner);
+        let done = self
+            .app
+            .root
+            .create_session(p.channel.into(), p.provider, owner);
         self.reply_when(id, done, ctx, |()| Value::Null);
         Ok(())
     }
@@ -181,7 +184,7 @@ impl Connection {
         ctx: &mut Context<Self>,
     ) -> Result<(), RpcError> {
         self.permit(&p.channel)?;
-        let done = self.app.root.dispose_session(p.channel);
+        let done = self.app.root.dispose_session(p.channel.into());
         self.reply_when(id, done, ctx, |()| Value::Null);
         Ok(())
     }
@@ -219,7 +222,7 @@ impl Connection {
             .shared
             .registry
             .get(&p.channel)
-            .and_then(|c| c.addr.create_chat(p.chat))
+            .and_then(|c| c.addr.create_chat(p.chat.into()))
             .ok_or_else(|| no_session(&p.channel))?;
         self.reply_when(id, done, ctx, |()| Value::Null);
         Ok(())
@@ -239,7 +242,7 @@ impl Connection {
             .filter(|c| c.addr.is_chat())
             .and_then(|c| c.session)
             .and_then(|s| registry.get(&s))
-            .and_then(|s| s.addr.remove_chat(p.channel.clone()))
+            .and_then(|s| s.addr.remove_chat(p.channel.as_str().into()))
             .ok_or_else(|| no_chat(&p.channel))?;
         self.reply_when(id, done, ctx, |()| Value::Null);
         Ok(())

@@ -201,9 +201,9 @@ impl MessageBody for OutBody {
         if let Some(cause) = taken.close {
             match &cause {
                 CloseCause::Shutdown | CloseCause::Normal | CloseCause::ClientClosed(_) => {
-                    tracing::debug!(conn = this.out.id().0, ?cause, "closing connection")
+                    tracing::debug!(conn = %this.out.id(), ?cause, "closing connection")
                 }
-                _ => tracing::info!(conn = this.out.id().0, ?cause, "closing connection"),
+                _ => tracing::info!(conn = %this.out.id(), ?cause, "closing connection"),
             }
             Parser::write_close(&mut buf, Some(close_reason(&cause)), false);
             this.closed = true;
@@ -240,9 +240,9 @@ pub async fn heartbeat(connections: Arc<Connections>, interval: Duration, idle_t
         tick.tick().await;
         for c in connections.queues() {
             match c.beat(idle_ms, abandon_beats) {
-                Beat::Idle => tracing::info!(conn = c.id().0, "closing an idle connection"),
+                Beat::Idle => tracing::info!(conn = %c.id(), "closing an idle connection"),
                 Beat::Abandoned => tracing::info!(
-                    conn = c.id().0,
+                    conn = %c.id(),
                     "letting go of a connection whose peer never took its close"
                 ),
                 Beat::Pinged | Beat::Closing => {}

@@ -18,14 +18,14 @@ use serde_json::Value;
 use super::connection::Connection;
 use crate::channels::SnapshotJson;
 use crate::protocol::{self, errors, RpcError};
-use crate::publish::Replay;
+use crate::publish::{Replay, ServerSeq};
 
 /// `result` of `initialize`, with snapshots spliced in pre-serialized.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct InitializeOut<'a> {
     protocol_version: &'a str,
-    server_seq: u64,
+    server_seq: ServerSeq,
     server_info: ahp_types::commands::Implementation,
     snapshots: Vec<&'a RawValue>,
 }
@@ -142,7 +142,7 @@ impl Connection {
         }
         // Initialized only once the subscriptions are taken: a refused
         // `initialize` leaves the connection as it was.
-        self.client_id = Some(p.client_id);
+        self.client_id = Some(p.client_id.into());
         let subscribed = self.subscribe_many(uris, None, ctx, move |act, snaps| {
             let raws: Vec<Box<RawValue>> = snaps
                 .into_iter()
@@ -203,7 +203,7 @@ impl Connection {
         if wanted.len() > max {
             return Err(subscription_limit(max));
         }
-        self.client_id = Some(p.client_id);
+        self.client_id = Some(p.client_id.into());
         let mut present = Vec::new();
         let mut missing = Vec::new();
         for uri in p.subscriptions {
@@ -219,7 +219,7 @@ impl Connection {
                 .map(|c| (c.uri.clone(), c.hub.clone()))
                 .collect();
             let replay = shared.publisher.replay_and_subscribe(
-                p.last_seen_server_seq as u64,
+                ServerSeq::new(p.last_seen_server_seq as u64),
                 &channels,
                 &self.out,
                 shared.config.max_replay_bytes,

@@ -10,8 +10,9 @@ use parking_lot::Mutex;
 
 use super::{
     Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, Record, Recovered,
-    RecoveredChannel, SnapshotRecord,
+    RecoveredChannel, SnapshotRecord, TurnPage,
 };
+use crate::ids::{ChannelUri, ServerSeq};
 
 #[derive(Default)]
 struct Stored {
@@ -25,7 +26,7 @@ struct Stored {
 /// Keeps every channel in memory.
 #[derive(Default)]
 pub struct MemoryJournal {
-    channels: Mutex<BTreeMap<String, Stored>>,
+    channels: Mutex<BTreeMap<ChannelUri, Stored>>,
     next_order: AtomicU64,
     seq_floor: AtomicU64,
     /// Provider id → owning token subject.
@@ -58,13 +59,13 @@ impl Journal for MemoryJournal {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
+    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit {
         let mut chans = self.channels.lock();
-        let entry = chans.entry(channel.to_owned()).or_default();
+        let entry = chans.entry(channel.clone()).or_default();
         let found = entry.records.len() as u64;
         let result = if found != expected_seq {
             Err(JournalError::Conflict {
-                channel: channel.to_owned(),
+                channel: channel.clone(),
                 expected: expected_seq,
                 found,
             })
@@ -84,11 +85,11 @@ impl Journal for MemoryJournal {
         Box::pin(std::future::ready(result))
     }
 
-    fn remove(&self, channel: &str) {
+    fn remove(&self, channel: &ChannelUri) {
         self.channels.lock().remove(channel);
     }
 
-    fn len(&self, channel: &str) -> u64 {
+    fn len(&self, channel: &ChannelUri) -> u64 {
         self.channels
             .lock()
             .get(channel)
@@ -96,12 +97,7 @@ impl Journal for MemoryJournal {
             .unwrap_or(0)
     }
 
-    fn turns_before(
-        &self,
-        chat: &str,
-        before: u64,
-        limit: u64,
-    ) -> Result<Vec<Arc<str>>, JournalError> {
+    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
         let chans = self.channels.lock();
         let Some(s) = chans.get(chat) else {
             return Ok(Vec::new());
@@ -113,17 +109,17 @@ impl Journal for MemoryJournal {
             .collect())
     }
 
-    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
-        self.seq_floor.fetch_max(upto, Ordering::SeqCst);
+    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
+        self.seq_floor.fetch_max(upto.get(), Ordering::SeqCst);
         Ok(())
     }
 
-    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+    fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
         Ok(self
             .recover()?
             .channels
             .into_iter()
-            .find(|c| c.info.uri == uri))
+            .find(|c| c.info.uri == *uri))
     }
 
     fn recover(&self) -> Result<Recovered, JournalError> {
@@ -148,7 +144,7 @@ impl Journal for MemoryJournal {
         channels.sort_by_key(|(o, _)| *o);
         Ok(Recovered {
             channels: channels.into_iter().map(|(_, c)| c).collect(),
-            seq_floor: self.seq_floor.load(Ordering::SeqCst),
+            seq_floor: ServerSeq::new(self.seq_floor.load(Ordering::SeqCst)),
             provider_owners: self.provider_owners.lock().clone(),
         })
     }
@@ -172,20 +168,20 @@ mod tests {
     #[tokio::test]
     async fn append_is_fenced_by_expected_seq() {
         let j = MemoryJournal::new();
-        j.append("c", 0, Batch::of(vec!["a".into()]))
+        j.append(&"c".into(), 0, Batch::of(vec!["a".into()]))
             .await
             .expect("first append");
         let err = j
-            .append("c", 0, Batch::of(vec!["b".into()]))
+            .append(&"c".into(), 0, Batch::of(vec!["b".into()]))
             .await
             .expect_err("stale writer");
         assert!(matches!(err, JournalError::Conflict { found: 1, .. }));
-        j.append("c", 1, Batch::of(vec!["b".into()]))
+        j.append(&"c".into(), 1, Batch::of(vec!["b".into()]))
             .await
             .expect("next append");
-        assert_eq!(j.len("c"), 2);
-        j.remove("c");
-        assert_eq!(j.len("c"), 0);
+        assert_eq!(j.len(&"c".into()), 2);
+        j.remove(&"c".into());
+        assert_eq!(j.len(&"c".into()), 0);
     }
 
     #[tokio::test]
@@ -209,7 +205,7 @@ mod tests {
             })
             .collect();
         j.append(
-            "ahp-chat:/c",
+            &"ahp-chat:/c".into(),
             0,
             Batch {
                 records: vec!["a".into(), "b".into()],
@@ -228,7 +224,7 @@ mod tests {
         assert_eq!(r.channels[0].tail, vec![Record::from("b")]);
         assert_eq!(r.channels[0].turn_count, 5);
         let page: Vec<String> = j
-            .turns_before("ahp-chat:/c", 4, 2)
+            .turns_before(&"ahp-chat:/c".into(), 4, 2)
             .expect("page")
             .iter()
             .map(|t| t.to_string())

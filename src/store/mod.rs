@@ -17,6 +17,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::ids::{ChannelUri, ServerSeq};
+
 pub use memory::MemoryJournal;
 pub use sqlite::{Durability, SqliteJournal};
 
@@ -27,6 +29,9 @@ pub type Commit = Pin<Box<dyn Future<Output = Result<(), JournalError>> + Send>>
 /// token subject the provider id is bound to.
 pub type BindCommit = Pin<Box<dyn Future<Output = Result<String, JournalError>> + Send>>;
 
+/// A page of stored turns (serialized `Turn`s), oldest first.
+pub type TurnPage = Result<Vec<Arc<str>>, JournalError>;
+
 /// Why a write was not stored. A failed append is never acknowledged: the
 /// action is rejected and nobody sees it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,7 +40,7 @@ pub enum JournalError {
     #[error("journal position conflict on {channel}: expected {expected}, found {found}")]
     Conflict {
         /// Channel URI.
-        channel: String,
+        channel: ChannelUri,
         /// Position the writer expected.
         expected: u64,
         /// Position the journal holds.
@@ -120,11 +125,11 @@ impl ChannelKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChannelInfo {
     /// Channel URI.
-    pub uri: String,
+    pub uri: ChannelUri,
     /// Session or chat.
     pub kind: ChannelKind,
     /// For a chat: its session.
-    pub session: Option<String>,
+    pub session: Option<ChannelUri>,
     /// Provider id of the session.
     pub provider: String,
     /// Initial title.
@@ -157,7 +162,7 @@ pub struct Recovered {
     /// Channels in creation order (sessions before their chats).
     pub channels: Vec<RecoveredChannel>,
     /// `serverSeq` must start above this.
-    pub seq_floor: u64,
+    pub seq_floor: ServerSeq,
     /// Provider id → the token subject that first registered it: an id stays
     /// with its first owner across restarts, so a restart does not hand its
     /// sessions' turns to whichever agent registers first.
@@ -171,26 +176,21 @@ pub trait Journal: Send + Sync + 'static {
 
     /// Append `batch` to `channel`, whose journal must currently hold exactly
     /// `expected_seq` records. Resolves once durable.
-    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit;
+    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit;
 
     /// Forget a disposed channel and everything stored for it.
-    fn remove(&self, channel: &str);
+    fn remove(&self, channel: &ChannelUri);
 
     /// Number of records held for `channel`.
-    fn len(&self, channel: &str) -> u64;
+    fn len(&self, channel: &ChannelUri) -> u64;
 
     /// Up to `limit` stored turns of `chat` just before index `before`,
     /// oldest first.
-    fn turns_before(
-        &self,
-        chat: &str,
-        before: u64,
-        limit: u64,
-    ) -> Result<Vec<Arc<str>>, JournalError>;
+    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage;
 
     /// Durably record that `serverSeq` values up to `upto` may be handed out,
     /// so a restart starts above them.
-    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError>;
+    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError>;
 
     /// Everything stored, for start-up.
     fn recover(&self) -> Result<Recovered, JournalError>;
@@ -211,5 +211,5 @@ pub trait Journal: Send + Sync + 'static {
     }
 
     /// One channel as stored (to roll its state back after a failed append).
-    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError>;
+    fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError>;
 }

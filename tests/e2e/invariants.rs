@@ -10,9 +10,10 @@ use ahp_types::actions::StateAction;
 use ahp_types::state::SessionInputRequest;
 use common::*;
 use serde_json::json;
+use tandem::ids::{ChannelUri, ServerSeq};
 use tandem::store::{
     Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered,
-    RecoveredChannel,
+    RecoveredChannel, TurnPage,
 };
 use tokio::sync::Notify;
 
@@ -30,8 +31,8 @@ impl Journal for GatedJournal {
     fn create_channel(&self, info: ChannelInfo) -> Commit {
         self.inner.create_channel(info)
     }
-    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
-        let held = self.hold.lock().expect("lock").as_deref() == Some(channel);
+    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit {
+        let held = self.hold.lock().expect("lock").as_deref() == Some(channel.as_str());
         let release = self.release.clone();
         if let Ok(mut a) = self.appended.lock() {
             a.extend(batch.records.iter().map(|r| r.to_string()));
@@ -44,27 +45,22 @@ impl Journal for GatedJournal {
             stored.await
         })
     }
-    fn remove(&self, channel: &str) {
+    fn remove(&self, channel: &ChannelUri) {
         self.inner.remove(channel)
     }
-    fn len(&self, channel: &str) -> u64 {
+    fn len(&self, channel: &ChannelUri) -> u64 {
         self.inner.len(channel)
     }
-    fn turns_before(
-        &self,
-        chat: &str,
-        before: u64,
-        limit: u64,
-    ) -> Result<Vec<Arc<str>>, JournalError> {
+    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
         self.inner.turns_before(chat, before, limit)
     }
-    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
+    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
         self.inner.reserve_seq(upto)
     }
     fn recover(&self) -> Result<Recovered, JournalError> {
         self.inner.recover()
     }
-    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+    fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
         self.inner.load_channel(uri)
     }
     fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
@@ -203,7 +199,7 @@ impl Journal for FailingJournal {
     fn create_channel(&self, info: ChannelInfo) -> Commit {
         self.inner.create_channel(info)
     }
-    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
+    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit {
         if self.fail.load(Ordering::SeqCst) {
             return Box::pin(std::future::ready(Err(JournalError::Unavailable(
                 "disk full".into(),
@@ -211,21 +207,16 @@ impl Journal for FailingJournal {
         }
         self.inner.append(channel, expected_seq, batch)
     }
-    fn remove(&self, channel: &str) {
+    fn remove(&self, channel: &ChannelUri) {
         self.inner.remove(channel)
     }
-    fn len(&self, channel: &str) -> u64 {
+    fn len(&self, channel: &ChannelUri) -> u64 {
         self.inner.len(channel)
     }
-    fn turns_before(
-        &self,
-        chat: &str,
-        before: u64,
-        limit: u64,
-    ) -> Result<Vec<Arc<str>>, JournalError> {
+    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
         self.inner.turns_before(chat, before, limit)
     }
-    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
+    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
         if self.fail_reserve.load(Ordering::SeqCst) {
             return Err(JournalError::Unavailable("seq disk full".into()));
         }
@@ -234,7 +225,7 @@ impl Journal for FailingJournal {
     fn recover(&self) -> Result<Recovered, JournalError> {
         self.inner.recover()
     }
-    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+    fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
         self.inner.load_channel(uri)
     }
     fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {

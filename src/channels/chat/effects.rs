@@ -14,6 +14,7 @@ use crate::channels::commit::ChannelActor;
 use crate::channels::rollup;
 use crate::channels::session::{ChatSummaryChanged, GrantTool, RollupChanged, TurnCheckpoint};
 use crate::interactions::{form, policy, Outcome, Settlement};
+use crate::publish::ServerSeq;
 use crate::time::now_rfc3339;
 
 impl ChatActor {
@@ -236,7 +237,7 @@ impl ChatActor {
     }
 
     /// Remember which envelope opened an interaction (for `listPending`).
-    pub(super) fn note_opened(&mut self, action: &StateAction, seq: u64) {
+    pub(super) fn note_opened(&mut self, action: &StateAction, seq: ServerSeq) {
         let id = match action {
             StateAction::ChatInputRequested(r) => {
                 rollup::input_entry_id(&self.core.uri, &r.request.id)

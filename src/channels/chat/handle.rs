@@ -1,14 +1,13 @@
 //! The chat actor's client API for agents: a cloneable handle on one turn
 //! whose async methods wrap the actor's messages.
 
-use std::sync::Arc;
-
 use actix::Addr;
 use ahp_types::actions::StateAction;
 use tokio::sync::oneshot;
 
 use super::{AgentAction, ChatActor, Interact};
 use crate::channels::Rejection;
+use crate::ids::ChannelUri;
 use crate::interactions::{Interaction, Outcome, Settlement};
 
 /// An agent's handle on one turn of one chat.
@@ -16,7 +15,7 @@ use crate::interactions::{Interaction, Outcome, Settlement};
 pub struct ChatHandle {
     addr: Addr<ChatActor>,
     /// Chat URI.
-    pub chat: Arc<str>,
+    pub chat: ChannelUri,
     /// The turn this handle serves.
     pub turn_id: String,
     /// When the turn started (for `duration`).
@@ -25,7 +24,12 @@ pub struct ChatHandle {
 
 impl ChatHandle {
     /// A handle on turn `turn_id` of the chat at `addr`.
-    pub fn new(addr: Addr<ChatActor>, chat: Arc<str>, turn_id: String, started_at: String) -> Self {
+    pub fn new(
+        addr: Addr<ChatActor>,
+        chat: ChannelUri,
+        turn_id: String,
+        started_at: String,
+    ) -> Self {
         Self {
             addr,
             chat,

@@ -46,6 +46,7 @@ use super::rollup;
 use super::session::SessionActor;
 use super::validate::{self, Rejection};
 use super::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::ids::ChannelUri;
 use crate::interactions::{Outcome, Settlement};
 use crate::protocol::RpcError;
 use crate::publish::{Hub, ServerSeq};
@@ -74,7 +75,7 @@ struct PendingTool {
 /// One chat channel.
 pub struct ChatActor {
     core: ChannelCore,
-    session: Arc<str>,
+    session: ChannelUri,
     session_addr: Addr<SessionActor>,
     /// Provider id of the owning session.
     provider: String,
@@ -99,16 +100,16 @@ pub struct ChatActor {
     /// what the store does not, so it is not served.
     unreadable: bool,
     /// `serverSeq` of the envelope that opened each roll-up entry.
-    opened: HashMap<String, u64>,
+    opened: HashMap<String, ServerSeq>,
 }
 
 impl ChatActor {
     /// A new, empty chat.
     pub fn new(
-        uri: Arc<str>,
+        uri: ChannelUri,
         hub: Arc<Hub>,
         shared: Arc<Shared>,
-        session: Arc<str>,
+        session: ChannelUri,
         session_addr: Addr<SessionActor>,
         provider: String,
         title: String,
@@ -121,10 +122,10 @@ impl ChatActor {
     /// stopped ends with `chat/error` as soon as the actor starts.
     #[allow(clippy::too_many_arguments)]
     pub fn recovered(
-        uri: Arc<str>,
+        uri: ChannelUri,
         hub: Arc<Hub>,
         shared: Arc<Shared>,
-        session: Arc<str>,
+        session: ChannelUri,
         session_addr: Addr<SessionActor>,
         provider: String,
         state: ChatState,
@@ -200,7 +201,7 @@ impl ChannelActor for ChatActor {
 
     fn published(&mut self, ctx: &mut Context<Self>, batch: Vec<(Accepted, ServerSeq)>) {
         for (a, seq) in &batch {
-            self.note_opened(&a.action, seq.0);
+            self.note_opened(&a.action, *seq);
         }
         for (a, _) in batch {
             self.after_publish(ctx, a.action);

@@ -6,6 +6,7 @@ use ahp_types::state::{SessionInputRequest, ToolCallConfirmationState};
 
 use super::ChatActor;
 use crate::channels::rollup;
+use crate::publish::ServerSeq;
 
 /// One unsettled interaction, for `tandem/listPending`.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -24,7 +25,7 @@ pub struct PendingItem {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
     /// `serverSeq` of the envelope that opened it.
-    pub server_seq: u64,
+    pub server_seq: ServerSeq,
 }
 
 /// Everything unsettled in this chat.
@@ -48,7 +49,7 @@ impl Handler<GetPending> for ChatActor {
                 let seq = rollup::entry_id(&i)
                     .and_then(|id| self.opened.get(id))
                     .copied()
-                    .unwrap_or(0);
+                    .unwrap_or_default();
                 match i {
                     SessionInputRequest::ChatInput(r) => Some(PendingItem {
                         kind: "input",

@@ -16,6 +16,7 @@ use super::RootActor;
 use crate::channels::registry::{Channel, ChannelAddr};
 use crate::channels::session::{DisposeSession, InitSession, SessionActor};
 use crate::channels::validate::Rejection;
+use crate::ids::ChannelUri;
 use crate::protocol::{errors, RpcError};
 use crate::publish::Hub;
 use crate::store::{ChannelInfo, ChannelKind};
@@ -34,7 +35,7 @@ pub(super) struct Creating {
 #[rtype(result = "Result<(), RpcError>")]
 pub struct CreateSession {
     /// The client-chosen `ahp-session:/<id>` URI.
-    pub uri: String,
+    pub uri: ChannelUri,
     /// Token subject creating it, and how many sessions it may own.
     pub owner: Option<(String, usize)>,
     /// Provider id (default: the directory's default, the built-in `scripted`).
@@ -73,7 +74,7 @@ impl Handler<CreateSession> for RootActor {
 #[rtype(result = "Result<(), RpcError>")]
 pub struct RemoveSession {
     /// The session URI.
-    pub uri: String,
+    pub uri: ChannelUri,
 }
 
 impl Handler<RemoveSession> for RootActor {
@@ -116,7 +117,7 @@ impl Handler<RemoveSession> for RootActor {
                     "root/sessionRemoved",
                     &SessionRemovedParams {
                         channel: ROOT_RESOURCE_URI.into(),
-                        session: msg.uri.clone(),
+                        session: msg.uri.to_string(),
                     },
                 );
                 act.session_count_changed();
@@ -133,7 +134,7 @@ impl RootActor {
     fn create_session(
         &mut self,
         msg: CreateSession,
-    ) -> Result<(Arc<str>, impl Future<Output = Result<(), Rejection>>), RpcError> {
+    ) -> Result<(ChannelUri, impl Future<Output = Result<(), Rejection>>), RpcError> {
         let prefix = "ahp-session:/";
         let max_uri = self.core.shared.config.limits.max_uri_bytes;
         if msg.uri.len() > max_uri {
@@ -175,7 +176,7 @@ impl RootActor {
                 )));
             }
         }
-        let uri: Arc<str> = msg.uri.into();
+        let uri = msg.uri;
         if let Some((owner, _)) = &msg.owner {
             self.note_owner(owner, uri.clone());
         }
@@ -189,7 +190,7 @@ impl RootActor {
         let summary = session_actor.summary();
         // Queued before the session's first actions.
         let recorded = shared.journal.create_channel(ChannelInfo {
-            uri: uri.to_string(),
+            uri: uri.clone(),
             kind: ChannelKind::Session,
             session: None,
             provider,
@@ -221,7 +222,7 @@ impl RootActor {
 
     /// The new session is stored: list it, count it, announce it (and what
     /// changed in it meanwhile).
-    fn session_stored(&mut self, uri: &Arc<str>) {
+    fn session_stored(&mut self, uri: &ChannelUri) {
         // Disposed meanwhile: never announced, nothing to take back.
         let Some(creating) = self.creating.remove(uri) else {
             return;
@@ -241,7 +242,7 @@ impl RootActor {
     }
 
     /// The new session could not be stored: it never existed for clients.
-    fn session_not_stored(&mut self, uri: &Arc<str>) {
+    fn session_not_stored(&mut self, uri: &ChannelUri) {
         if self.creating.remove(uri).is_none() {
             return;
         }
@@ -267,7 +268,7 @@ impl RootActor {
     }
 
     /// `owner` created `session` (counted against its session limit).
-    pub fn note_owner(&mut self, owner: &str, session: Arc<str>) {
+    pub fn note_owner(&mut self, owner: &str, session: ChannelUri) {
         self.owned
             .entry(owner.to_owned())
             .or_default()
@@ -277,7 +278,7 @@ impl RootActor {
     /// Start a session actor, register it, and list it.
     pub fn start_session(
         &mut self,
-        uri: Arc<str>,
+        uri: ChannelUri,
         actor: SessionActor,
         summary: SessionSummary,
     ) -> Addr<SessionActor> {

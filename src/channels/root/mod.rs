@@ -20,6 +20,7 @@ use super::core::{Accepted, ChannelCore, Shared};
 use super::session::SessionActor;
 use super::validate::{self, Rejection};
 use super::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::ids::ChannelUri;
 use crate::protocol::{encode_notification, RpcError};
 use crate::publish::{Hub, ServerSeq};
 
@@ -29,11 +30,11 @@ pub struct RootActor {
     /// Own address, handed to the sessions it starts.
     me: Addr<RootActor>,
     state: RootState,
-    sessions: HashMap<Arc<str>, (Addr<SessionActor>, SessionSummary)>,
+    sessions: HashMap<ChannelUri, (Addr<SessionActor>, SessionSummary)>,
     /// Sessions created per token subject (for the per-token limit).
-    owned: HashMap<String, std::collections::HashSet<Arc<str>>>,
+    owned: HashMap<String, std::collections::HashSet<ChannelUri>>,
     /// Sessions started but not yet stored (in `sessions`, not yet listed).
-    creating: HashMap<Arc<str>, lifecycle::Creating>,
+    creating: HashMap<ChannelUri, lifecycle::Creating>,
 }
 
 impl RootActor {
@@ -172,7 +173,7 @@ impl Handler<Subscribe> for RootActor {
 #[rtype(result = "()")]
 pub struct SessionSummaryChanged {
     /// The session.
-    pub session: Arc<str>,
+    pub session: ChannelUri,
     /// The full new summary.
     pub summary: SessionSummary,
     /// Only the fields that changed.

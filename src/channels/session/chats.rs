@@ -18,6 +18,7 @@ use crate::channels::commit::ChannelActor;
 use crate::channels::registry::{Channel, ChannelAddr};
 use crate::channels::rollup;
 use crate::channels::validate::Rejection;
+use crate::ids::ChannelUri;
 use crate::protocol::{errors, RpcError};
 use crate::publish::Hub;
 use crate::store::{ChannelInfo, ChannelKind};
@@ -29,7 +30,7 @@ impl SessionActor {
     pub(super) fn add_chat(
         &mut self,
         ctx: &mut Context<Self>,
-        uri: Arc<str>,
+        uri: ChannelUri,
         title: String,
         make_default: bool,
     ) -> Vec<StateAction> {
@@ -37,9 +38,9 @@ impl SessionActor {
         let now = now_rfc3339();
         // Queued before the catalog actions, so stored no later than they are.
         drop(shared.journal.create_channel(ChannelInfo {
-            uri: uri.to_string(),
+            uri: uri.clone(),
             kind: ChannelKind::Chat,
-            session: Some(self.core.uri.to_string()),
+            session: Some(self.core.uri.clone()),
             provider: self.state.provider.clone(),
             title: title.clone(),
             created_at: now.clone(),
@@ -120,7 +121,7 @@ impl Handler<RollupChanged> for SessionActor {
 #[rtype(result = "()")]
 pub struct ChatSummaryChanged {
     /// The chat.
-    pub chat: Arc<str>,
+    pub chat: ChannelUri,
     /// Its status bits.
     pub status: u32,
     /// Its `modifiedAt`.
@@ -148,7 +149,7 @@ impl Handler<ChatSummaryChanged> for SessionActor {
 #[rtype(result = "Result<(), RpcError>")]
 pub struct CreateChat {
     /// The client-chosen chat URI.
-    pub chat: String,
+    pub chat: ChannelUri,
 }
 
 impl Handler<CreateChat> for SessionActor {
@@ -186,7 +187,7 @@ impl Handler<CreateChat> for SessionActor {
             return Box::pin(std::future::ready(Err(e)));
         }
         let title = format!("Chat {}", self.chats.len() + 1);
-        let actions = self.add_chat(ctx, msg.chat.into(), title, false);
+        let actions = self.add_chat(ctx, msg.chat, title, false);
         let (done, rx) = oneshot::channel();
         self.host_actions(ctx, actions, Some(done));
         Box::pin(async move {
@@ -202,14 +203,14 @@ impl Handler<CreateChat> for SessionActor {
 #[rtype(result = "Result<(), RpcError>")]
 pub struct RemoveChat {
     /// The chat URI.
-    pub chat: String,
+    pub chat: ChannelUri,
 }
 
 impl Handler<RemoveChat> for SessionActor {
     type Result = Result<(), RpcError>;
 
     fn handle(&mut self, msg: RemoveChat, ctx: &mut Self::Context) -> Self::Result {
-        let Some(pos) = self.chats.iter().position(|(u, _)| **u == *msg.chat) else {
+        let Some(pos) = self.chats.iter().position(|(u, _)| *u == msg.chat) else {
             return Err(RpcError::new(
                 errors::NOT_FOUND,
                 format!("chat `{}` is not in this session", msg.chat),

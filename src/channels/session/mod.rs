@@ -25,6 +25,7 @@ use super::recovery::{self, Rebuilt};
 use super::root::{RootActor, SessionSummaryChanged};
 use super::validate::{self, Rejection};
 use super::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::ids::ChannelUri;
 use crate::interactions::policy;
 use crate::protocol::RpcError;
 use crate::publish::{Hub, ServerSeq};
@@ -35,7 +36,7 @@ pub struct SessionActor {
     core: ChannelCore,
     state: SessionState,
     root: Addr<RootActor>,
-    chats: Vec<(Arc<str>, Addr<ChatActor>)>,
+    chats: Vec<(ChannelUri, Addr<ChatActor>)>,
     created_at: String,
     /// The summary as last reported to root (changes are diffed against it).
     reported: SessionSummary,
@@ -44,7 +45,7 @@ pub struct SessionActor {
 impl SessionActor {
     /// A new session of `provider`, not yet ready.
     pub fn new(
-        uri: Arc<str>,
+        uri: ChannelUri,
         hub: Arc<Hub>,
         shared: Arc<Shared>,
         provider: String,
@@ -62,7 +63,7 @@ impl SessionActor {
 
     /// A session rebuilt from the store (its chats are attached after).
     pub fn recovered(
-        uri: Arc<str>,
+        uri: ChannelUri,
         hub: Arc<Hub>,
         shared: Arc<Shared>,
         state: SessionState,
@@ -216,7 +217,7 @@ impl ChannelActor for SessionActor {
 #[rtype(result = "()")]
 pub struct InitSession {
     /// URI of the default chat.
-    pub default_chat: Arc<str>,
+    pub default_chat: ChannelUri,
     /// Answered once the session is stored and ready.
     pub done: Done,
 }
@@ -234,7 +235,7 @@ impl Handler<InitSession> for SessionActor {
 /// The chats of a recovered session, started by the server at start-up.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct AttachChats(pub Vec<(Arc<str>, Addr<ChatActor>)>);
+pub struct AttachChats(pub Vec<(ChannelUri, Addr<ChatActor>)>);
 
 impl Handler<AttachChats> for SessionActor {
     type Result = ();

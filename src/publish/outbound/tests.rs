@@ -65,23 +65,23 @@ fn gate_puts_the_reply_before_held_frames() {
     let o = Outbound::new(1000);
     o.push(Push::Notification("a".into()));
     o.gate();
-    o.push(Push::Envelope(5, "env".into()));
+    o.push(Push::Envelope(ServerSeq::new(5), "env".into()));
     assert_eq!(texts(&take(&o).unwrap()), ["a"], "held frames wait");
     assert_eq!(o.queued_bytes(), 3, "held frames stay counted");
     o.ungate_with(Some("reply".into()));
     assert_eq!(texts(&take(&o).unwrap()), ["reply", "env"]);
-    assert_eq!(o.last_seq(), 5);
+    assert_eq!(o.last_seq(), ServerSeq::new(5));
 }
 
 #[test]
 fn a_reply_may_pass_the_limit_once_and_a_second_one_evicts() {
     let o = Outbound::new(10);
     o.gate();
-    o.push(Push::Envelope(1, "12345".into()));
+    o.push(Push::Envelope(ServerSeq::new(1), "12345".into()));
     o.ungate_with(Some("a reply far larger than ten bytes".into()));
     assert!(!o.is_closing(), "one large reply never evicts");
     assert_eq!(o.queued_bytes(), 5 + 33, "the reply is counted");
-    o.push(Push::Envelope(2, "12345".into()));
+    o.push(Push::Envelope(ServerSeq::new(2), "12345".into()));
     assert!(
         !o.is_closing(),
         "envelopes have their own budget while a reply drains"
@@ -141,7 +141,7 @@ fn one_wake_per_batch() {
     let mut cx = Context::from_waker(&waker);
     assert!(matches!(o.poll_take(&mut cx, false), Take::Empty));
     for i in 0..10 {
-        o.push(Push::Envelope(i, "e".into()));
+        o.push(Push::Envelope(ServerSeq::new(i), "e".into()));
     }
     assert_eq!(
         counter.0.load(Ordering::SeqCst),
@@ -165,14 +165,14 @@ fn paced_frames_wait_for_the_deadline_but_urgent_ones_do_not() {
     let mut cx = Context::from_waker(&waker);
     let wakes = || counter.0.load(Ordering::SeqCst);
     assert!(matches!(o.poll_take(&mut cx, false), Take::Empty));
-    o.push(Push::Envelope(1, "e1".into()));
+    o.push(Push::Envelope(ServerSeq::new(1), "e1".into()));
     assert_eq!(
         wakes(),
         1,
         "without pacing the first frame wakes the socket"
     );
     assert!(matches!(o.poll_take(&mut cx, true), Take::Paced));
-    o.push(Push::Envelope(2, "e2".into()));
+    o.push(Push::Envelope(ServerSeq::new(2), "e2".into()));
     o.push(Push::Notification("n".into()));
     assert_eq!(wakes(), 1, "pushed frames wait for the deadline quietly");
     o.push(Push::Response("r".into()));
@@ -183,7 +183,7 @@ fn paced_frames_wait_for_the_deadline_but_urgent_ones_do_not() {
     }
     // Pacing with nothing queued: a pushed frame does not wake either.
     assert!(matches!(o.poll_take(&mut cx, true), Take::Empty));
-    o.push(Push::Envelope(3, "e3".into()));
+    o.push(Push::Envelope(ServerSeq::new(3), "e3".into()));
     assert_eq!(wakes(), 2);
     assert!(matches!(o.poll_take(&mut cx, true), Take::Paced));
     match o.poll_take(&mut cx, false) {
@@ -191,9 +191,9 @@ fn paced_frames_wait_for_the_deadline_but_urgent_ones_do_not() {
         other => panic!("{other:?}"),
     }
     // So are a response and the echo of the connection's own action.
-    o.push(Push::Envelope(5, "e5".into()));
+    o.push(Push::Envelope(ServerSeq::new(5), "e5".into()));
     assert!(matches!(o.poll_take(&mut cx, true), Take::Paced));
-    o.push(Push::Echo(6, "echo".into()));
+    o.push(Push::Echo(ServerSeq::new(6), "echo".into()));
     match o.poll_take(&mut cx, true) {
         Take::Ready(t) => assert_eq!(texts(&t), ["e5", "echo"]),
         other => panic!("{other:?}"),
@@ -201,7 +201,7 @@ fn paced_frames_wait_for_the_deadline_but_urgent_ones_do_not() {
     o.push(Push::Response("resp".into()));
     assert!(matches!(o.poll_take(&mut cx, true), Take::Ready(_)));
     // A close is urgent too.
-    o.push(Push::Envelope(4, "e4".into()));
+    o.push(Push::Envelope(ServerSeq::new(4), "e4".into()));
     assert!(matches!(o.poll_take(&mut cx, true), Take::Paced));
     o.close(CloseCause::Shutdown);
     match o.poll_take(&mut cx, true) {
@@ -232,7 +232,7 @@ fn a_backlog_is_taken_in_budgeted_pieces_and_stays_counted() {
     let o = Outbound::new(1 << 20);
     let frame = ByteString::from("x".repeat(10_000));
     for i in 0..20 {
-        o.push(Push::Envelope(i, frame.clone()));
+        o.push(Push::Envelope(ServerSeq::new(i), frame.clone()));
     }
     o.push(Push::Response("reply".into()));
     o.close(CloseCause::Shutdown);
@@ -276,7 +276,10 @@ fn a_close_the_socket_cannot_reach_abandons_the_connection_once() {
         a.fetch_add(1, Ordering::SeqCst);
     });
     for i in 0..60 {
-        o.push(Push::Envelope(i, ByteString::from("x".repeat(10_000))));
+        o.push(Push::Envelope(
+            ServerSeq::new(i),
+            ByteString::from("x".repeat(10_000)),
+        ));
     }
     o.close(CloseCause::Shutdown);
     // The peer drains steadily: never abandoned, however long it takes.
@@ -304,7 +307,10 @@ fn a_close_the_socket_cannot_reach_abandons_the_connection_once() {
 fn a_ping_goes_ahead_of_a_backlog_once() {
     let o = Outbound::new(1 << 20);
     for i in 0..3 {
-        o.push(Push::Envelope(i, ByteString::from(format!("e{i}"))));
+        o.push(Push::Envelope(
+            ServerSeq::new(i),
+            ByteString::from(format!("e{i}")),
+        ));
     }
     assert_eq!(o.beat(60_000, 3), Beat::Pinged);
     assert_eq!(o.beat(60_000, 3), Beat::Pinged);
@@ -316,7 +322,10 @@ fn a_close_while_gated_drops_the_held_frames() {
     let o = Outbound::new(1000);
     o.push(Push::Notification("before".into()));
     o.gate();
-    o.push(Push::Envelope(1, "after the snapshot".into()));
+    o.push(Push::Envelope(
+        ServerSeq::new(1),
+        "after the snapshot".into(),
+    ));
     o.close(CloseCause::Shutdown);
     assert_eq!(o.queued_bytes(), 6);
     o.ungate_with(Some("reply".into()));
@@ -328,7 +337,7 @@ fn a_close_while_gated_drops_the_held_frames() {
 #[test]
 fn a_rejection_carries_the_last_seq_and_a_pong_is_never_held() {
     let o = Outbound::new(1000);
-    o.push(Push::Envelope(7, "e7".into()));
+    o.push(Push::Envelope(ServerSeq::new(7), "e7".into()));
     o.gate();
     o.push(Push::Pong(Bytes::from_static(b"p")));
     o.push(Push::AfterLastSeq(&|last| {

@@ -25,7 +25,9 @@ use tokio::sync::oneshot;
 
 use super::{
     Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, Recovered, RecoveredChannel,
+    TurnPage,
 };
+use crate::ids::{ChannelUri, ServerSeq};
 use writer::{Op, Writer};
 
 /// How hard a commit waits for the disk.
@@ -43,7 +45,7 @@ pub struct SqliteJournal {
     path: PathBuf,
     tx: Mutex<mpsc::Sender<Op>>,
     /// Records per channel, as committed (for `len`).
-    lens: Arc<DashMap<String, u64>>,
+    lens: Arc<DashMap<ChannelUri, u64>>,
     reader: Mutex<Connection>,
 }
 
@@ -84,7 +86,7 @@ impl SqliteJournal {
                 .map_err(describe)?;
             for row in rows {
                 let (uri, len) = row.map_err(describe)?;
-                lens.insert(uri, len as u64);
+                lens.insert(ChannelUri::from(uri), len as u64);
             }
         }
         let (tx, rx) = mpsc::channel();
@@ -124,10 +126,10 @@ impl Journal for SqliteJournal {
         Box::pin(async move { rx.await.unwrap_or_else(|_| Err(closed())) })
     }
 
-    fn append(&self, channel: &str, expected_seq: u64, batch: Batch) -> Commit {
+    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit {
         let (done, rx) = oneshot::channel();
         let op = Op::Append {
-            channel: channel.to_owned(),
+            channel: channel.clone(),
             expected: expected_seq,
             batch,
             done,
@@ -138,24 +140,19 @@ impl Journal for SqliteJournal {
         Box::pin(async move { rx.await.unwrap_or_else(|_| Err(closed())) })
     }
 
-    fn remove(&self, channel: &str) {
-        self.send(Op::Remove(channel.to_owned()));
+    fn remove(&self, channel: &ChannelUri) {
+        self.send(Op::Remove(channel.clone()));
     }
 
-    fn len(&self, channel: &str) -> u64 {
+    fn len(&self, channel: &ChannelUri) -> u64 {
         self.lens.get(channel).map_or(0, |l| *l)
     }
 
-    fn turns_before(
-        &self,
-        chat: &str,
-        before: u64,
-        limit: u64,
-    ) -> Result<Vec<Arc<str>>, JournalError> {
+    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
         recovery::turns_before(&self.reader.lock(), chat, before, limit)
     }
 
-    fn reserve_seq(&self, upto: u64) -> Result<(), JournalError> {
+    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
         let (tx, rx) = mpsc::sync_channel(1);
         if !self.send(Op::Reserve(upto, tx)) {
             return Err(closed());
@@ -165,10 +162,10 @@ impl Journal for SqliteJournal {
 
     fn sync(&self) -> Result<(), JournalError> {
         // Ops are committed in order, so a no-op reservation is a barrier.
-        self.reserve_seq(0)
+        self.reserve_seq(ServerSeq::ZERO)
     }
 
-    fn load_channel(&self, uri: &str) -> Result<Option<RecoveredChannel>, JournalError> {
+    fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
         recovery::load_channel(&self.reader.lock(), uri)
     }
 

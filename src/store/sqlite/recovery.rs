@@ -7,9 +7,39 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::unavailable;
+use crate::ids::{ChannelUri, ServerSeq};
 use crate::store::{
     ChannelInfo, ChannelKind, JournalError, Record, Recovered, RecoveredChannel, SnapshotRecord,
+    TurnPage,
 };
+
+/// The columns of a `channels` row, as [`read_channel`] reads them.
+const CHANNEL_COLUMNS: &str = "uri, kind, session, provider, title, created_at, len, owner";
+
+/// A `channels` row read with [`CHANNEL_COLUMNS`]: the channel's identity
+/// and how many records it has. A kind this build does not know is an
+/// error, not a channel silently skipped.
+fn read_channel(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ChannelInfo, u64)> {
+    let uri: String = r.get(0)?;
+    let kind: String = r.get(1)?;
+    let Some(kind) = ChannelKind::parse(&kind) else {
+        return Err(rusqlite::Error::FromSqlConversionFailure(
+            1,
+            rusqlite::types::Type::Text,
+            format!("channel {uri} has an unknown kind `{kind}`").into(),
+        ));
+    };
+    let info = ChannelInfo {
+        uri: uri.into(),
+        kind,
+        session: r.get::<_, Option<String>>(2)?.map(ChannelUri::from),
+        provider: r.get(3)?,
+        title: r.get(4)?,
+        created_at: r.get(5)?,
+        owner: r.get(7)?,
+    };
+    Ok((info, r.get::<_, i64>(6)? as u64))
+}
 
 /// Run the parameterless query `sql`, decode each row with `read` and hand
 /// it to `each`; stops at the first error `each` returns.
@@ -47,12 +77,7 @@ fn read_provider_owners(conn: &Connection) -> Result<BTreeMap<String, String>, J
 }
 
 /// Up to `limit` stored turns of `chat` just before index `before`, oldest first.
-pub(super) fn turns_before(
-    conn: &Connection,
-    chat: &str,
-    before: u64,
-    limit: u64,
-) -> Result<Vec<Arc<str>>, JournalError> {
+pub(super) fn turns_before(conn: &Connection, chat: &str, before: u64, limit: u64) -> TurnPage {
     let mut stmt = conn
         .prepare_cached(
             "SELECT turn FROM turns WHERE chat = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx",
@@ -75,27 +100,15 @@ pub(super) fn load_channel(
 ) -> Result<Option<RecoveredChannel>, JournalError> {
     let row = conn
         .query_row(
-            "SELECT kind, session, provider, title, created_at, len, owner FROM channels WHERE uri = ?1",
+            &format!("SELECT {CHANNEL_COLUMNS} FROM channels WHERE uri = ?1"),
             [uri],
-            |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, Option<String>>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, i64>(5)?,
-                    r.get::<_, Option<String>>(6)?,
-                ))
-            },
+            read_channel,
         )
         .optional()
         .map_err(unavailable)?;
-    let Some((kind, session, provider, title, created_at, len, owner)) = row else {
+    let Some((info, len)) = row else {
         return Ok(None);
     };
-    let kind = ChannelKind::parse(&kind)
-        .ok_or_else(|| unavailable(format!("channel {uri} has an unknown kind `{kind}`")))?;
     let snapshot = conn
         .query_row(
             "SELECT at_seq, state FROM snapshots WHERE channel = ?1",
@@ -126,18 +139,10 @@ pub(super) fn load_channel(
         )
         .map_err(unavailable)?;
     Ok(Some(RecoveredChannel {
-        info: ChannelInfo {
-            uri: uri.to_owned(),
-            kind,
-            session,
-            provider,
-            title,
-            created_at,
-            owner,
-        },
+        info,
         snapshot,
         tail,
-        len: len as u64,
+        len,
         turn_count: turn_count as u64,
     }))
 }
@@ -192,46 +197,23 @@ pub(super) fn recover(conn: &Connection) -> Result<Recovered, JournalError> {
     let mut channels = Vec::new();
     for_each_row(
         conn,
-        "SELECT uri, kind, session, provider, title, created_at, len, owner FROM channels ORDER BY ord",
-        |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Option<String>>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, String>(5)?,
-                r.get::<_, i64>(6)?,
-                r.get::<_, Option<String>>(7)?,
-            ))
-        },
-        |(uri, kind, session, provider, title, created_at, len, owner)| {
-            let Some(kind) = ChannelKind::parse(&kind) else {
-                return Err(unavailable(format!(
-                    "channel {uri} has an unknown kind `{kind}`"
-                )));
-            };
+        &format!("SELECT {CHANNEL_COLUMNS} FROM channels ORDER BY ord"),
+        read_channel,
+        |(info, len)| {
+            let uri: &str = &info.uri;
             channels.push(RecoveredChannel {
-                snapshot: snapshots.remove(&uri),
-                tail: tails.remove(&uri).unwrap_or_default(),
-                len: len as u64,
-                turn_count: turn_counts.get(&uri).copied().unwrap_or(0),
-                info: ChannelInfo {
-                    uri,
-                    kind,
-                    session,
-                    provider,
-                    title,
-                    created_at,
-                    owner,
-                },
+                snapshot: snapshots.remove(uri),
+                tail: tails.remove(uri).unwrap_or_default(),
+                len,
+                turn_count: turn_counts.get(uri).copied().unwrap_or(0),
+                info,
             });
             Ok(())
         },
     )?;
     Ok(Recovered {
         channels,
-        seq_floor,
+        seq_floor: ServerSeq::new(seq_floor),
         provider_owners: read_provider_owners(conn)?,
     })
 }

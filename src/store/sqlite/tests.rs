@@ -1,6 +1,7 @@
 //! The SQLite store: persistence across reopen, fencing, group commit.
 
 use super::*;
+use crate::ids::{ChannelUri, ServerSeq};
 use crate::store::{ChannelKind, Record, SnapshotRecord, TurnRecord};
 
 fn info(uri: &str) -> ChannelInfo {
@@ -21,18 +22,22 @@ async fn appends_survive_reopen_with_snapshot_compaction() {
     {
         let j = SqliteJournal::open(&dir, Durability::Full).expect("open");
         j.create_channel(info("ahp-chat:/a")).await.expect("create");
-        j.append("ahp-chat:/a", 0, Batch::of(vec!["1".into(), "2".into()]))
-            .await
-            .expect("append");
+        j.append(
+            &"ahp-chat:/a".into(),
+            0,
+            Batch::of(vec!["1".into(), "2".into()]),
+        )
+        .await
+        .expect("append");
         let conflict = j
-            .append("ahp-chat:/a", 0, Batch::of(vec!["x".into()]))
+            .append(&"ahp-chat:/a".into(), 0, Batch::of(vec!["x".into()]))
             .await;
         assert!(matches!(
             conflict,
             Err(JournalError::Conflict { found: 2, .. })
         ));
         j.append(
-            "ahp-chat:/a",
+            &"ahp-chat:/a".into(),
             2,
             Batch {
                 records: vec!["3".into()],
@@ -49,28 +54,29 @@ async fn appends_survive_reopen_with_snapshot_compaction() {
         )
         .await
         .expect("append with snapshot");
-        j.append("ahp-chat:/a", 3, Batch::of(vec!["4".into()]))
+        j.append(&"ahp-chat:/a".into(), 3, Batch::of(vec!["4".into()]))
             .await
             .expect("tail");
-        j.reserve_seq(1000).expect("reserve");
-        assert_eq!(j.len("ahp-chat:/a"), 4);
+        j.reserve_seq(ServerSeq::new(1000)).expect("reserve");
+        assert_eq!(j.len(&"ahp-chat:/a".into()), 4);
     }
     let j = SqliteJournal::open(&dir, Durability::Full).expect("reopen");
     let r = j.recover().expect("recover");
-    assert_eq!(r.seq_floor, 1000);
+    assert_eq!(r.seq_floor, ServerSeq::new(1000));
     assert_eq!(r.channels.len(), 1);
     let c = &r.channels[0];
     assert_eq!(c.len, 4);
     assert_eq!(c.snapshot.as_ref().map(|s| s.at_seq), Some(3));
     assert_eq!(c.tail, vec![Record::from("4")]);
     assert_eq!(c.turn_count, 1);
-    assert_eq!(j.len("ahp-chat:/a"), 4);
+    assert_eq!(j.len(&"ahp-chat:/a".into()), 4);
     assert_eq!(
-        j.turns_before("ahp-chat:/a", 1, 10).expect("turns"),
+        j.turns_before(&"ahp-chat:/a".into(), 1, 10).expect("turns"),
         vec![Arc::<str>::from("turn0")]
     );
-    j.remove("ahp-chat:/a");
-    j.reserve_seq(1001).expect("barrier after remove");
+    j.remove(&"ahp-chat:/a".into());
+    j.reserve_seq(ServerSeq::new(1001))
+        .expect("barrier after remove");
     assert!(j.recover().expect("recover").channels.is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -143,7 +149,7 @@ fn full_batch(records: &[&str], turn_index: u64) -> Batch {
 #[tokio::test]
 async fn an_append_at_the_wrong_position_is_refused_and_changes_nothing() {
     let dir = tempdir();
-    let chat = "ahp-chat:/fenced";
+    let chat = &ChannelUri::from("ahp-chat:/fenced");
     {
         let j = SqliteJournal::open(&dir, Durability::Relaxed).expect("open");
         j.create_channel(info(chat)).await.expect("create");
@@ -158,7 +164,7 @@ async fn an_append_at_the_wrong_position_is_refused_and_changes_nothing() {
             assert_eq!(
                 refused,
                 Err(JournalError::Conflict {
-                    channel: chat.into(),
+                    channel: chat.clone(),
                     expected,
                     found: 2
                 }),
@@ -186,7 +192,7 @@ async fn an_append_at_the_wrong_position_is_refused_and_changes_nothing() {
 }
 
 /// A writer on a fresh store in `dir` (no thread: the test hands it groups).
-fn writer(dir: &Path) -> (Writer, Arc<DashMap<String, u64>>) {
+fn writer(dir: &Path) -> (Writer, Arc<DashMap<ChannelUri, u64>>) {
     let conn = schema::open_conn(&dir.join("tandem.db"), Durability::Relaxed).expect("open");
     schema::create(&conn).expect("schema");
     let lens = Arc::new(DashMap::new());
@@ -313,7 +319,7 @@ fn one_bad_write_fails_every_write_of_its_group_visibly() {
     .into_iter()
     .unzip();
     let mut ops = ops;
-    ops.push(Op::Reserve(77, reserve));
+    ops.push(Op::Reserve(ServerSeq::new(77), reserve));
     ops.push(Op::BindProvider {
         provider: "p".into(),
         subject: "alice".into(),
@@ -333,7 +339,7 @@ fn one_bad_write_fails_every_write_of_its_group_visibly() {
     // Nothing of the group is stored, and no position moved.
     assert!(stored_actions(&dir, "ahp-chat:/a").is_empty());
     let r = recovery::recover(&reader(&dir)).expect("recover");
-    assert_eq!(r.seq_floor, 0);
+    assert_eq!(r.seq_floor, ServerSeq::ZERO);
     assert!(r.provider_owners.is_empty());
     let uris: Vec<_> = r.channels.iter().map(|c| c.info.uri.as_str()).collect();
     assert_eq!(uris, ["ahp-chat:/a", "ahp-chat:/b"]);

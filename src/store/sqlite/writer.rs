@@ -16,6 +16,7 @@ use rusqlite::{params, Connection};
 use tokio::sync::oneshot;
 
 use super::unavailable;
+use crate::ids::{ChannelUri, ServerSeq};
 use crate::store::{Batch, ChannelInfo, JournalError};
 
 /// Most queued writes folded into one transaction.
@@ -27,15 +28,15 @@ pub(super) enum Op {
     Create(ChannelInfo, oneshot::Sender<Result<(), JournalError>>),
     /// Append a batch at `expected`.
     Append {
-        channel: String,
+        channel: ChannelUri,
         expected: u64,
         batch: Batch,
         done: oneshot::Sender<Result<(), JournalError>>,
     },
     /// Forget a channel (nobody waits).
-    Remove(String),
+    Remove(ChannelUri),
     /// Raise the stored `serverSeq` floor (0: a barrier that writes nothing new).
-    Reserve(u64, mpsc::SyncSender<Result<(), JournalError>>),
+    Reserve(ServerSeq, mpsc::SyncSender<Result<(), JournalError>>),
     /// Bind a provider id to a token subject unless it is bound.
     BindProvider {
         provider: String,
@@ -50,12 +51,12 @@ pub(super) struct Writer {
     /// `ord` of the next created channel.
     next_ord: i64,
     /// Records per channel, as committed (shared with the journal's `len`).
-    lens: Arc<DashMap<String, u64>>,
+    lens: Arc<DashMap<ChannelUri, u64>>,
 }
 
 impl Writer {
     /// A writer on `conn` (schema in place) publishing lengths to `lens`.
-    pub(super) fn new(conn: Connection, lens: Arc<DashMap<String, u64>>) -> Self {
+    pub(super) fn new(conn: Connection, lens: Arc<DashMap<ChannelUri, u64>>) -> Self {
         let next_ord = conn
             .query_row("SELECT COALESCE(MAX(ord), 0) + 1 FROM channels", [], |r| {
                 r.get(0)
@@ -88,7 +89,7 @@ impl Writer {
     pub(super) fn commit_group(&mut self, ops: Vec<Op>) {
         // Positions as they will be after this commit; published to `lens`
         // only if it succeeds.
-        let mut pending: HashMap<String, u64> = HashMap::new();
+        let mut pending: HashMap<ChannelUri, u64> = HashMap::new();
         let mut results: Vec<Result<(), JournalError>> = Vec::with_capacity(ops.len());
         // The owner after each `BindProvider` op, in op order.
         let mut owners: Vec<String> = Vec::new();
@@ -150,15 +151,15 @@ fn apply(
     tx: &rusqlite::Transaction<'_>,
     op: &Op,
     next_ord: &mut i64,
-    pending: &mut HashMap<String, u64>,
-    lens: &DashMap<String, u64>,
+    pending: &mut HashMap<ChannelUri, u64>,
+    lens: &DashMap<ChannelUri, u64>,
     owners: &mut Vec<String>,
 ) -> rusqlite::Result<Result<(), JournalError>> {
     match op {
         Op::Create(info, _) => {
             tx.execute(
                 "INSERT OR REPLACE INTO channels (uri, ord, kind, session, provider, title, created_at, len, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, ?8)",
-                params![info.uri, *next_ord, info.kind.as_str(), info.session, info.provider, info.title, info.created_at, info.owner],
+                params![info.uri.as_str(), *next_ord, info.kind.as_str(), info.session.as_deref(), info.provider, info.title, info.created_at, info.owner],
             )?;
             *next_ord += 1;
             pending.insert(info.uri.clone(), 0);
@@ -184,10 +185,13 @@ fn apply(
             pending.insert(channel.clone(), expected + batch.records.len() as u64);
         }
         Op::Remove(channel) => {
-            tx.execute("DELETE FROM channels WHERE uri = ?1", [channel])?;
-            tx.execute("DELETE FROM actions WHERE channel = ?1", [channel])?;
-            tx.execute("DELETE FROM snapshots WHERE channel = ?1", [channel])?;
-            tx.execute("DELETE FROM turns WHERE chat = ?1", [channel])?;
+            tx.execute("DELETE FROM channels WHERE uri = ?1", [channel.as_str()])?;
+            tx.execute("DELETE FROM actions WHERE channel = ?1", [channel.as_str()])?;
+            tx.execute(
+                "DELETE FROM snapshots WHERE channel = ?1",
+                [channel.as_str()],
+            )?;
+            tx.execute("DELETE FROM turns WHERE chat = ?1", [channel.as_str()])?;
             pending.insert(channel.clone(), 0);
         }
         Op::BindProvider {
@@ -196,7 +200,7 @@ fn apply(
         Op::Reserve(upto, _) => {
             tx.execute(
                 "INSERT INTO meta (key, value) VALUES ('seq_floor', ?1) ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
-                [*upto as i64],
+                [upto.get() as i64],
             )?;
         }
     }
