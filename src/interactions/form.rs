@@ -172,6 +172,19 @@ pub fn questions(schema: &Value) -> Result<Vec<ChatInputQuestion>, String> {
             .unwrap_or(name)
             .to_owned();
         let req = required.contains(&name.as_str()).then_some(true);
+        // Every kind of question carries the property's name, title, message
+        // and whether it is required.
+        macro_rules! question {
+            ($kind:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {
+                $kind {
+                    id: name.clone(),
+                    title,
+                    message,
+                    required: req,
+                    $($field $(: $value)?),*
+                }
+            };
+        }
         let ty = str_field(p, "type");
         let q = match ty {
             Some("string") => {
@@ -181,14 +194,10 @@ pub fn questions(schema: &Value) -> Result<Vec<ChatInputQuestion>, String> {
                         allowed.extend(["enum", "enumNames", "oneOf", "anyOf"]);
                         keys_allowed(&at, p, &allowed)?;
                         mark_recommended(&mut options, p.get("default"));
-                        ChatInputQuestion::SingleSelect(ChatInputSingleSelectQuestion {
-                            id: name.clone(),
-                            title,
-                            message,
-                            required: req,
+                        ChatInputQuestion::SingleSelect(question!(ChatInputSingleSelectQuestion {
                             options,
                             allow_freeform_input: freeform.then_some(true),
-                        })
+                        }))
                     }
                     None => {
                         let mut allowed = ANNOTATIONS.to_vec();
@@ -199,16 +208,12 @@ pub fn questions(schema: &Value) -> Result<Vec<ChatInputQuestion>, String> {
                                 return Err(format!("unsupported `format` `{f}` in {at} (email, uri, date, date-time)"));
                             }
                         }
-                        ChatInputQuestion::Text(ChatInputTextQuestion {
-                            id: name.clone(),
-                            title,
-                            message,
-                            required: req,
+                        ChatInputQuestion::Text(question!(ChatInputTextQuestion {
                             format: str_field(p, "format").map(Into::into),
                             min: int_field(&at, p, "minLength")?,
                             max: int_field(&at, p, "maxLength")?,
                             default_value: str_field(p, "default").map(Into::into),
-                        })
+                        }))
                     }
                 }
             }
@@ -225,15 +230,11 @@ pub fn questions(schema: &Value) -> Result<Vec<ChatInputQuestion>, String> {
                             .ok_or_else(|| format!("`{k}` in {at} must be a number")),
                     }
                 };
-                let q = ChatInputNumberQuestion {
-                    id: name.clone(),
-                    title,
-                    message,
-                    required: req,
+                let q = question!(ChatInputNumberQuestion {
                     min: num("minimum")?,
                     max: num("maximum")?,
                     default_value: num("default")?,
-                };
+                });
                 if kind == "integer" {
                     ChatInputQuestion::Integer(q)
                 } else {
@@ -242,13 +243,9 @@ pub fn questions(schema: &Value) -> Result<Vec<ChatInputQuestion>, String> {
             }
             Some("boolean") => {
                 keys_allowed(&at, p, ANNOTATIONS)?;
-                ChatInputQuestion::Boolean(ChatInputBooleanQuestion {
-                    id: name.clone(),
-                    title,
-                    message,
-                    required: req,
+                ChatInputQuestion::Boolean(question!(ChatInputBooleanQuestion {
                     default_value: p.get("default").and_then(Value::as_bool),
-                })
+                }))
             }
             Some("array") => {
                 let mut allowed = ANNOTATIONS.to_vec();
@@ -276,16 +273,12 @@ pub fn questions(schema: &Value) -> Result<Vec<ChatInputQuestion>, String> {
                     format!("{item_at} must be an enum (`enum`, or `anyOf` of consts)")
                 })?;
                 mark_recommended(&mut options, p.get("default"));
-                ChatInputQuestion::MultiSelect(ChatInputMultiSelectQuestion {
-                    id: name.clone(),
-                    title,
-                    message,
-                    required: req,
+                ChatInputQuestion::MultiSelect(question!(ChatInputMultiSelectQuestion {
                     options,
                     allow_freeform_input: freeform.then_some(true),
                     min: int_field(&at, p, "minItems")?,
                     max: int_field(&at, p, "maxItems")?,
-                })
+                }))
             }
             Some(other) => return Err(format!("unsupported type `{other}` in {at}")),
             None if p.contains_key("enum")
@@ -343,6 +336,19 @@ pub fn content(schema: &Value, answers: &HashMap<String, ChatInputAnswer>) -> Va
     Value::Object(out)
 }
 
+/// Whether `n` lies outside the bounds the schema property `p` sets under
+/// the keys `(min, max)` (either may be absent); a bound that `read` cannot
+/// read as `T` is no bound.
+fn outside<T: PartialOrd>(
+    p: &Obj,
+    (min, max): (&str, &str),
+    n: T,
+    read: fn(&Value) -> Option<T>,
+) -> bool {
+    let bound = |key: &str| p.get(key).and_then(read);
+    bound(min).is_some_and(|m| n < m) || bound(max).is_some_and(|m| n > m)
+}
+
 /// Check `content` against the schema subset (what a provider will do).
 pub fn validate(schema: &Value, content: &Value) -> Result<(), String> {
     let obj = content.as_object().ok_or("content must be an object")?;
@@ -378,13 +384,7 @@ pub fn validate(schema: &Value, content: &Value) -> Result<(), String> {
                     }
                 }
                 let len = s.chars().count() as i64;
-                if p.get("minLength")
-                    .and_then(Value::as_i64)
-                    .is_some_and(|m| len < m)
-                    || p.get("maxLength")
-                        .and_then(Value::as_i64)
-                        .is_some_and(|m| len > m)
-                {
+                if outside(p, ("minLength", "maxLength"), len, Value::as_i64) {
                     return Err(format!("`{k}` has the wrong length"));
                 }
             }
@@ -395,13 +395,7 @@ pub fn validate(schema: &Value, content: &Value) -> Result<(), String> {
                 if t == "integer" && !(v.is_i64() || v.is_u64()) {
                     return Err(format!("`{k}` must be an integer"));
                 }
-                if p.get("minimum")
-                    .and_then(Value::as_f64)
-                    .is_some_and(|m| n < m)
-                    || p.get("maximum")
-                        .and_then(Value::as_f64)
-                        .is_some_and(|m| n > m)
-                {
+                if outside(p, ("minimum", "maximum"), n, Value::as_f64) {
                     return Err(format!("`{k}` is out of bounds"));
                 }
             }
@@ -423,14 +417,7 @@ pub fn validate(schema: &Value, content: &Value) -> Result<(), String> {
                         }
                     }
                 }
-                let n = a.len() as i64;
-                if p.get("minItems")
-                    .and_then(Value::as_i64)
-                    .is_some_and(|m| n < m)
-                    || p.get("maxItems")
-                        .and_then(Value::as_i64)
-                        .is_some_and(|m| n > m)
-                {
+                if outside(p, ("minItems", "maxItems"), a.len() as i64, Value::as_i64) {
                     return Err(format!("`{k}` has the wrong number of items"));
                 }
             }
