@@ -44,20 +44,42 @@ impl Handler<Interact> for ChatActor {
     }
 }
 
+/// A tool approval an agent asked for, on its way to becoming parts of the
+/// active turn (after the session's approval checkpoint, if it needs one).
+struct ToolAsk {
+    turn_id: String,
+    tool_call_id: String,
+    tool_name: String,
+    input: String,
+    editable: bool,
+    reply: oneshot::Sender<Settlement>,
+}
+
 impl ChatActor {
+    /// `reply` back when `turn_id` is the active turn; otherwise the
+    /// interaction cannot be opened and is settled `aborted` here.
+    fn on_active_turn(
+        &self,
+        turn_id: &str,
+        reply: oneshot::Sender<Settlement>,
+    ) -> Option<oneshot::Sender<Settlement>> {
+        if self.state.active_turn.as_ref().map(|t| t.id.as_str()) == Some(turn_id) {
+            return Some(reply);
+        }
+        let reason = format!("turn `{turn_id}` is not active");
+        let _ = reply.send(Settlement::with_reason(Outcome::Aborted, reason));
+        None
+    }
+
     fn open_interaction(&mut self, ctx: &mut Context<Self>, msg: Interact) {
         let Interact {
             turn_id,
             interaction,
             reply,
         } = msg;
-        if self.state.active_turn.as_ref().map(|t| t.id.as_str()) != Some(turn_id.as_str()) {
-            let _ = reply.send(Settlement::with_reason(
-                Outcome::Aborted,
-                format!("turn `{turn_id}` is not active"),
-            ));
+        let Some(reply) = self.on_active_turn(&turn_id, reply) else {
             return;
-        }
+        };
         match interaction {
             Interaction::Input {
                 request,
@@ -104,60 +126,49 @@ impl ChatActor {
                 read_only,
                 editable,
             } => {
+                let ask = ToolAsk {
+                    turn_id,
+                    tool_call_id,
+                    tool_name,
+                    input,
+                    editable,
+                    reply,
+                };
                 if !policy::needs_approval(read_only) {
-                    self.open_tool(
-                        ctx,
-                        turn_id,
-                        tool_call_id,
-                        tool_name,
-                        input,
-                        editable,
-                        Some(ToolCallConfirmationReason::NotNeeded),
-                        reply,
-                    );
-                    return;
+                    let auto = Some(ToolCallConfirmationReason::NotNeeded);
+                    return self.open_tool(ctx, ask, auto);
                 }
                 // The approval checkpoint: the session's policy as of now.
                 let check = self.session_addr.send(ApprovalCheckpoint {
-                    tool_name: tool_name.clone(),
+                    tool_name: ask.tool_name.clone(),
                 });
-                ctx.wait(check.into_actor(self).map(move |auto, act, ctx| {
-                    let auto = auto.ok().flatten();
-                    act.open_tool(
-                        ctx,
-                        turn_id,
-                        tool_call_id,
-                        tool_name,
-                        input,
-                        editable,
-                        auto,
-                        reply,
-                    );
-                }));
+                ctx.wait(
+                    check
+                        .into_actor(self)
+                        .map(move |auto, act, ctx| act.open_tool(ctx, ask, auto.ok().flatten())),
+                );
             }
         }
     }
 
     /// Put a tool call up for confirmation, or auto-confirm it with `auto`.
-    #[allow(clippy::too_many_arguments)]
     fn open_tool(
         &mut self,
         ctx: &mut Context<Self>,
-        turn_id: String,
-        tool_call_id: String,
-        tool_name: String,
-        input: String,
-        editable: bool,
+        ask: ToolAsk,
         auto: Option<ToolCallConfirmationReason>,
-        reply: oneshot::Sender<Settlement>,
     ) {
-        if self.state.active_turn.as_ref().map(|t| t.id.as_str()) != Some(turn_id.as_str()) {
-            let _ = reply.send(Settlement::with_reason(
-                Outcome::Aborted,
-                format!("turn `{turn_id}` is not active"),
-            ));
+        let Some(reply) = self.on_active_turn(&ask.turn_id, ask.reply) else {
             return;
-        }
+        };
+        let ToolAsk {
+            turn_id,
+            tool_call_id,
+            tool_name,
+            input,
+            editable,
+            ..
+        } = ask;
         let mut actions = Vec::new();
         if find_tool(&self.state, &tool_call_id).is_none() {
             actions.push(StateAction::ChatToolCallStart(ChatToolCallStartAction {
