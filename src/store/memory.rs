@@ -163,7 +163,7 @@ impl Journal for MemoryJournal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{ChannelKind, TurnRecord};
+    use crate::store::TurnRecord;
 
     #[tokio::test]
     async fn append_is_fenced_by_expected_seq() {
@@ -187,17 +187,9 @@ mod tests {
     #[tokio::test]
     async fn recovery_returns_the_tail_after_the_snapshot_and_pages_turns() {
         let j = MemoryJournal::new();
-        j.create_channel(ChannelInfo {
-            uri: "ahp-chat:/c".into(),
-            kind: ChannelKind::Chat,
-            session: Some("ahp-session:/s".into()),
-            provider: "scripted".into(),
-            title: "Chat".into(),
-            created_at: "2026-01-01T00:00:00.000Z".into(),
-            owner: None,
-        })
-        .await
-        .expect("create");
+        j.create_channel(ChannelInfo::test_chat("ahp-chat:/c"))
+            .await
+            .expect("create");
         let turns = (0..5)
             .map(|i| TurnRecord {
                 index: i,

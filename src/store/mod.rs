@@ -156,6 +156,22 @@ pub struct RecoveredChannel {
     pub turn_count: u64,
 }
 
+#[cfg(test)]
+impl ChannelInfo {
+    /// A chat of `ahp-session:/s` on the `scripted` agent (for store tests).
+    pub(crate) fn test_chat(uri: &str) -> Self {
+        ChannelInfo {
+            uri: uri.into(),
+            kind: ChannelKind::Chat,
+            session: Some("ahp-session:/s".into()),
+            provider: "scripted".into(),
+            title: "Chat".into(),
+            created_at: "2026-01-01T00:00:00.000Z".into(),
+            owner: None,
+        }
+    }
+}
+
 /// Everything the store holds, for start-up.
 #[derive(Debug, Clone, Default)]
 pub struct Recovered {

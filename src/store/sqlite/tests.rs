@@ -2,26 +2,16 @@
 
 use super::*;
 use crate::ids::{ChannelUri, ServerSeq};
-use crate::store::{ChannelKind, Record, SnapshotRecord, TurnRecord};
-
-fn info(uri: &str) -> ChannelInfo {
-    ChannelInfo {
-        uri: uri.into(),
-        kind: ChannelKind::Chat,
-        session: Some("ahp-session:/s".into()),
-        provider: "scripted".into(),
-        title: "Chat".into(),
-        created_at: "2026-01-01T00:00:00.000Z".into(),
-        owner: None,
-    }
-}
+use crate::store::{Record, SnapshotRecord, TurnRecord};
 
 #[tokio::test]
 async fn appends_survive_reopen_with_snapshot_compaction() {
     let dir = tempdir();
     {
         let j = SqliteJournal::open(&dir, Durability::Full).expect("open");
-        j.create_channel(info("ahp-chat:/a")).await.expect("create");
+        j.create_channel(ChannelInfo::test_chat("ahp-chat:/a"))
+            .await
+            .expect("create");
         j.append(
             &"ahp-chat:/a".into(),
             0,
@@ -152,7 +142,9 @@ async fn an_append_at_the_wrong_position_is_refused_and_changes_nothing() {
     let chat = &ChannelUri::from("ahp-chat:/fenced");
     {
         let j = SqliteJournal::open(&dir, Durability::Relaxed).expect("open");
-        j.create_channel(info(chat)).await.expect("create");
+        j.create_channel(ChannelInfo::test_chat(chat))
+            .await
+            .expect("create");
         let mut first = Batch::of(vec!["1".into(), "2".into()]);
         first.turns = vec![TurnRecord {
             index: 0,
@@ -208,7 +200,7 @@ type Answer = oneshot::Receiver<Result<(), JournalError>>;
 
 fn create_op(uri: &str) -> (Op, Answer) {
     let (done, rx) = oneshot::channel();
-    (Op::Create(info(uri), done), rx)
+    (Op::Create(ChannelInfo::test_chat(uri), done), rx)
 }
 
 fn append_op(channel: &str, expected: u64, records: &[&str]) -> (Op, Answer) {
