@@ -11,12 +11,13 @@ use actix::prelude::*;
 use ahp::reducers::{
     apply_action_to_chat, apply_action_to_root, apply_action_to_session, ReduceOutcome,
 };
-use ahp_types::actions::StateAction;
+use ahp_types::actions::{ActionOrigin, StateAction};
 use ahp_types::state::{ChatState, RootState, SessionState};
 use tokio::sync::oneshot;
 
 use super::core::{Accepted, ChannelCore};
 use super::validate::{action_type, Rejection};
+use super::ClientDispatch;
 use crate::publish::ServerSeq;
 use crate::store::TurnRecord;
 
@@ -87,16 +88,15 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
     /// without a journal entry and rebuilt at start-up.
     const JOURNALED: bool = true;
 
-    /// The channel's identity and path to subscribers.
-    fn core(&self) -> &ChannelCore;
-
-    /// The core and the state at once (a batch is journaled with a snapshot
-    /// of the state).
-    fn parts(&mut self) -> (&mut ChannelCore, &Self::State);
+    /// The channel's core (identity, path to subscribers) and its state at
+    /// once: a batch is journaled with a snapshot of the state.
+    fn parts(&mut self) -> (&mut ChannelCore, &mut Self::State);
 
     /// Reduce one action into the state (the default is the official
     /// reducer; the chat also tracks its turn history here).
-    fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection>;
+    fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {
+        reduce(self.parts().1, action)
+    }
 
     /// What the next batch stores besides its actions: turns that ended, and
     /// where a truncation cut the stored history.
@@ -112,6 +112,35 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
     /// (what clients saw).
     fn roll_back(&mut self);
 
+    /// A client's action: refused while the channel is read-only, otherwise
+    /// checked by `check` (which reduces it into the state when it passes)
+    /// and committed. The dispatcher gets the rejection, or its echo.
+    fn client_action(
+        &mut self,
+        ctx: &mut Context<Self>,
+        msg: ClientDispatch,
+        check: impl FnOnce(&mut Self, &StateAction, &ActionOrigin) -> Result<(), Rejection>,
+    ) {
+        let ClientDispatch {
+            conn,
+            origin,
+            action,
+            ..
+        } = msg;
+        let core = self.parts().0;
+        if let Some(e) = &core.store_failed {
+            let kind = <Self::State as ChannelState>::KIND;
+            let reason = format!("the store is unavailable ({e}); the {kind} is read-only");
+            core.reject(&conn, &origin, &action, &reason);
+            return;
+        }
+        if let Err(r) = check(self, &action, &origin) {
+            self.parts().0.reject(&conn, &origin, &action, &r.0);
+            return;
+        }
+        self.commit(ctx, vec![Accepted::new(action, Some((origin, conn)))], None);
+    }
+
     /// Reduce host or agent actions in order (skipping any that no longer
     /// apply) and commit them as one batch.
     fn host_actions(
@@ -125,7 +154,7 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             match self.reduce(&action) {
                 Ok(()) => batch.push(Accepted::new(action, None)),
                 Err(r) => {
-                    tracing::debug!(channel = %self.core().uri, reason = %r, "host action skipped")
+                    tracing::debug!(channel = %self.parts().0.uri, reason = %r, "host action skipped")
                 }
             }
         }
@@ -164,6 +193,44 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
         }));
     }
 }
+
+/// The reads a journaled channel answers from its state alone, the same way
+/// for a chat and a session: `subscribe` (the snapshot; refused once the
+/// state is no longer known to match the store, see
+/// [`ChannelCore::subscribe`]) and `$get`, a copy of its `$state` (for tests
+/// and server-side reads).
+macro_rules! channel_reads {
+    ($actor:ty, $get:ident, $state:ty) => {
+        impl actix::Handler<$crate::channels::Subscribe> for $actor {
+            type Result = Result<$crate::channels::SnapshotJson, $crate::protocol::RpcError>;
+
+            fn handle(
+                &mut self,
+                msg: $crate::channels::Subscribe,
+                _: &mut Self::Context,
+            ) -> Self::Result {
+                let (core, state) = $crate::channels::commit::ChannelActor::parts(self);
+                core.subscribe(&msg.conn, state)
+            }
+        }
+
+        #[doc = concat!("A copy of the `", stringify!($state), "`.")]
+        pub struct $get;
+
+        impl actix::Message for $get {
+            type Result = $state;
+        }
+
+        impl actix::Handler<$get> for $actor {
+            type Result = actix::MessageResult<$get>;
+
+            fn handle(&mut self, _: $get, _: &mut Self::Context) -> Self::Result {
+                actix::MessageResult(self.state.clone())
+            }
+        }
+    };
+}
+pub(crate) use channel_reads;
 
 fn publish_all<A: ChannelActor>(
     act: &mut A,

@@ -48,6 +48,10 @@ pub struct ChannelCore {
     /// Set when the journal refused a write: the channel then rejects every
     /// new action (reads keep working) instead of acknowledging unstored ones.
     pub store_failed: Option<String>,
+    /// Set when, after a refused write, the state could not be reloaded
+    /// from the store either: the actor's state may hold what the store does
+    /// not, so it is no longer served to new subscribers.
+    pub unreadable: Option<String>,
     /// Records journaled since the last snapshot.
     since_snapshot: u64,
     /// `serverSeq` values claimed for journaled actions not yet published.
@@ -64,6 +68,7 @@ impl ChannelCore {
             shared,
             journal_len,
             store_failed: None,
+            unreadable: None,
             since_snapshot: 0,
             claimed: 0,
         }
@@ -76,6 +81,12 @@ impl ChannelCore {
         conn: &Arc<Outbound>,
         state: &impl serde::Serialize,
     ) -> Result<super::SnapshotJson, crate::protocol::RpcError> {
+        if let Some(e) = &self.unreadable {
+            return Err(crate::protocol::RpcError::internal(format!(
+                "`{}` is not served: after a refused write its state could not be reloaded ({e})",
+                self.uri
+            )));
+        }
         let state = serde_json::to_string(state)
             .map_err(|e| crate::protocol::RpcError::internal(e.to_string()))?;
         Ok(self.shared.publisher.subscribe_at(&self.hub, conn, |from| {

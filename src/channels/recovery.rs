@@ -13,9 +13,8 @@ use ahp::reducers::{apply_action_to_chat, apply_action_to_session};
 use ahp_types::actions::StateAction;
 use ahp_types::state::{ChatState, SessionState};
 
-use super::chat::{new_chat_state, ChatActor};
+use super::chat::{new_chat_state, ChatActor, ChatHome};
 use super::core::ChannelCore;
-use super::registry::{Channel, ChannelAddr};
 use super::root::RootActor;
 use super::session::{new_session_state, summary_of, AttachChats, SessionActor};
 use crate::ids::ChannelUri;
@@ -169,25 +168,15 @@ impl Handler<Restore> for RootActor {
                     if state.active_turn.is_some() {
                         stats.interrupted_turns += 1;
                     }
-                    let hub = Arc::new(Hub::default());
-                    let (u, h, s, su, p) = (
-                        uri.clone(),
-                        hub.clone(),
-                        shared.clone(),
-                        session_uri.clone(),
-                        c.info.provider.clone(),
-                    );
-                    let sa = session.clone();
-                    let addr = ChatActor::start_in_arbiter(&shared.next_arbiter(), move |_| {
-                        ChatActor::recovered(u, h, s, su, sa, p, *state, base)
-                    });
-                    shared.registry.insert(Channel {
+                    let home = ChatHome {
                         uri: uri.clone(),
-                        hub,
-                        addr: ChannelAddr::Chat(addr.clone()),
-                        session: Some(session_uri.clone()),
-                        provider: Some(c.info.provider.as_str().into()),
-                    });
+                        shared: shared.clone(),
+                        session: session_uri.clone(),
+                        session_addr: session,
+                        provider: c.info.provider.clone(),
+                    };
+                    let addr =
+                        home.start(move |home, hub| ChatActor::recovered(home, hub, *state, base));
                     attach.entry(session_uri).or_default().push((uri, addr));
                     stats.chats += 1;
                 }

@@ -42,13 +42,13 @@ use tokio::sync::oneshot;
 use super::commit::{self, ChannelActor};
 use super::core::{Accepted, ChannelCore, Shared};
 use super::recovery::{self, Rebuilt};
+use super::registry::{Channel, ChannelAddr};
 use super::rollup;
 use super::session::SessionActor;
 use super::validate::{self, Rejection};
-use super::{ClientDispatch, SnapshotJson, Subscribe};
+use super::ClientDispatch;
 use crate::ids::ChannelUri;
 use crate::interactions::{Outcome, Settlement};
-use crate::protocol::RpcError;
 use crate::publish::{Hub, ServerSeq};
 use crate::store::TurnRecord;
 use crate::time::{millis_since, now_rfc3339};
@@ -96,41 +96,65 @@ pub struct ChatActor {
     pending_truncate: Option<u64>,
     /// Recovered with a turn that was running when the server stopped.
     crashed_turn: bool,
-    /// A failed append could not be rolled back: the in-memory state may hold
-    /// what the store does not, so it is not served.
-    unreadable: bool,
     /// `serverSeq` of the envelope that opened each roll-up entry.
     opened: HashMap<String, ServerSeq>,
 }
 
+/// Where a chat lives: its channel, its session and the session's agent.
+pub struct ChatHome {
+    /// The chat's URI.
+    pub uri: ChannelUri,
+    /// Server context.
+    pub shared: Arc<Shared>,
+    /// The owning session's URI.
+    pub session: ChannelUri,
+    /// The owning session's actor (the roll-up and the catalog go there).
+    pub session_addr: Addr<SessionActor>,
+    /// Provider id of the owning session.
+    pub provider: String,
+}
+
+impl ChatHome {
+    /// Start the chat's actor, built by `make` (with the channel's new hub)
+    /// on the next arbiter, and register the channel.
+    pub fn start(
+        self,
+        make: impl FnOnce(ChatHome, Arc<Hub>) -> ChatActor + Send + 'static,
+    ) -> Addr<ChatActor> {
+        let shared = self.shared.clone();
+        let hub = Arc::new(Hub::default());
+        let (uri, session) = (self.uri.clone(), self.session.clone());
+        let provider = self.provider.as_str().into();
+        let h = hub.clone();
+        let addr = ChatActor::start_in_arbiter(&shared.next_arbiter(), move |_| make(self, h));
+        shared.registry.insert(Channel {
+            uri,
+            hub,
+            addr: ChannelAddr::Chat(addr.clone()),
+            session: Some(session),
+            provider: Some(provider),
+        });
+        addr
+    }
+}
+
 impl ChatActor {
     /// A new, empty chat.
-    pub fn new(
-        uri: ChannelUri,
-        hub: Arc<Hub>,
-        shared: Arc<Shared>,
-        session: ChannelUri,
-        session_addr: Addr<SessionActor>,
-        provider: String,
-        title: String,
-    ) -> Self {
-        let state = new_chat_state(&uri, title);
-        Self::recovered(uri, hub, shared, session, session_addr, provider, state, 0)
+    pub fn new(home: ChatHome, hub: Arc<Hub>, title: String) -> Self {
+        let state = new_chat_state(&home.uri, title);
+        Self::recovered(home, hub, state, 0)
     }
 
     /// A chat rebuilt from the store. A turn that was running when the server
     /// stopped ends with `chat/error` as soon as the actor starts.
-    #[allow(clippy::too_many_arguments)]
-    pub fn recovered(
-        uri: ChannelUri,
-        hub: Arc<Hub>,
-        shared: Arc<Shared>,
-        session: ChannelUri,
-        session_addr: Addr<SessionActor>,
-        provider: String,
-        state: ChatState,
-        turn_base: u64,
-    ) -> Self {
+    pub fn recovered(home: ChatHome, hub: Arc<Hub>, state: ChatState, turn_base: u64) -> Self {
+        let ChatHome {
+            uri,
+            shared,
+            session,
+            session_addr,
+            provider,
+        } = home;
         let used_turn_ids = state
             .turns
             .iter()
@@ -152,7 +176,6 @@ impl ChatActor {
             turn_base,
             pending_turns: Vec::new(),
             pending_truncate: None,
-            unreadable: false,
             opened: HashMap::new(),
         }
     }
@@ -174,12 +197,8 @@ impl ChatActor {
 impl ChannelActor for ChatActor {
     type State = ChatState;
 
-    fn core(&self) -> &ChannelCore {
-        &self.core
-    }
-
-    fn parts(&mut self) -> (&mut ChannelCore, &ChatState) {
-        (&mut self.core, &self.state)
+    fn parts(&mut self) -> (&mut ChannelCore, &mut ChatState) {
+        (&mut self.core, &mut self.state)
     }
 
     fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {
@@ -223,7 +242,7 @@ impl ChannelActor for ChatActor {
             Ok(None) => self.state = new_chat_state(&self.core.uri, self.state.title.clone()),
             Err(e) => {
                 tracing::error!(chat = %self.core.uri, error = %e, "cannot roll back");
-                self.unreadable = true;
+                self.core.unreadable = Some(e);
             }
         }
         self.abort_all("the store is unavailable");
@@ -254,64 +273,30 @@ impl Handler<ClientDispatch> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, msg: ClientDispatch, ctx: &mut Self::Context) {
-        let ClientDispatch {
-            conn,
-            origin,
-            action,
-            as_agent,
-        } = msg;
-        if as_agent {
-            if let StateAction::ChatTurnStarted(_) = action {
-                // The provider can also start turns like a client would.
-            } else {
-                self.agent_action(ctx, action, Some((origin, conn)), None);
-                return;
-            }
+        // The provider can also start turns like a client would; its other
+        // actions are checked as an agent's.
+        if msg.as_agent && !matches!(msg.action, StateAction::ChatTurnStarted(_)) {
+            let ClientDispatch {
+                conn,
+                origin,
+                action,
+                ..
+            } = msg;
+            return self.agent_action(ctx, action, Some((origin, conn)), None);
         }
-        if let Some(e) = &self.core.store_failed {
-            let reason = format!("the store is unavailable ({e}); the chat is read-only");
-            self.core.reject(&conn, &origin, &action, &reason);
-            return;
-        }
-        let checked =
-            validate::answer_lengths(&action, self.core.shared.config.limits.max_answer_chars)
+        self.client_action(ctx, msg, |act, action, origin| {
+            let max_answer_chars = act.core.shared.config.limits.max_answer_chars;
+            validate::answer_lengths(action, max_answer_chars)
                 .and_then(|()| {
-                    validate::client_chat_action(
-                        &self.state,
-                        &action,
-                        &origin.client_id,
-                        &self.used_turn_ids,
-                    )
+                    let used = &act.used_turn_ids;
+                    validate::client_chat_action(&act.state, action, &origin.client_id, used)
                 })
-                .and_then(|()| self.reduce(&action));
-        if let Err(r) = checked {
-            self.core.reject(&conn, &origin, &action, &r.0);
-            return;
-        }
-        self.commit(ctx, vec![Accepted::new(action, Some((origin, conn)))], None);
+                .and_then(|()| act.reduce(action))
+        });
     }
 }
 
-impl Handler<Subscribe> for ChatActor {
-    type Result = Result<SnapshotJson, RpcError>;
-
-    fn handle(&mut self, msg: Subscribe, _: &mut Self::Context) -> Self::Result {
-        self.core.subscribe(&msg.conn, &self.state)
-    }
-}
-
-/// A copy of the chat state (for tests and server-side reads).
-#[derive(Message)]
-#[rtype(result = "ChatState")]
-pub struct GetChatState;
-
-impl Handler<GetChatState> for ChatActor {
-    type Result = MessageResult<GetChatState>;
-
-    fn handle(&mut self, _: GetChatState, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.state.clone())
-    }
-}
+commit::channel_reads!(ChatActor, GetChatState, ChatState);
 
 /// The request of an input part in the active or a finished turn.
 fn find_input<'a>(state: &'a ChatState, request_id: &str) -> Option<&'a ChatInputRequest> {

@@ -18,7 +18,7 @@ pub use lifecycle::{CreateSession, RemoveSession};
 use super::commit::{self, ChannelActor};
 use super::core::{Accepted, ChannelCore, Shared};
 use super::session::SessionActor;
-use super::validate::{self, Rejection};
+use super::validate;
 use super::{ClientDispatch, SnapshotJson, Subscribe};
 use crate::ids::ChannelUri;
 use crate::protocol::{encode_notification, RpcError};
@@ -117,16 +117,8 @@ impl ChannelActor for RootActor {
     /// a restart it is rebuilt from the stored sessions.
     const JOURNALED: bool = false;
 
-    fn core(&self) -> &ChannelCore {
-        &self.core
-    }
-
-    fn parts(&mut self) -> (&mut ChannelCore, &RootState) {
-        (&mut self.core, &self.state)
-    }
-
-    fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {
-        commit::reduce(&mut self.state, action)
+    fn parts(&mut self) -> (&mut ChannelCore, &mut RootState) {
+        (&mut self.core, &mut self.state)
     }
 
     fn published(&mut self, _: &mut Context<Self>, _: Vec<(Accepted, ServerSeq)>) {}

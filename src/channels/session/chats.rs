@@ -2,8 +2,6 @@
 //! catalog actions), mirroring their status and roll-up, removing one,
 //! disposing of them all with the session, and `tandem/listPending`.
 
-use std::sync::Arc;
-
 use actix::prelude::*;
 use ahp_types::actions::{
     PartialChatSummary, SessionChatAddedAction, SessionChatRemovedAction, SessionChatUpdatedAction,
@@ -13,14 +11,12 @@ use ahp_types::state::{ChatSummary, SessionInputRequest, SessionStatus};
 use tokio::sync::oneshot;
 
 use super::SessionActor;
-use crate::channels::chat::{ChatActor, DisposeChat, GetPending, PendingItem};
+use crate::channels::chat::{ChatActor, ChatHome, DisposeChat, GetPending, PendingItem};
 use crate::channels::commit::ChannelActor;
-use crate::channels::registry::{Channel, ChannelAddr};
 use crate::channels::rollup;
 use crate::channels::validate::Rejection;
 use crate::ids::ChannelUri;
 use crate::protocol::{errors, RpcError};
-use crate::publish::Hub;
 use crate::store::{ChannelInfo, ChannelKind};
 use crate::time::now_rfc3339;
 
@@ -46,22 +42,15 @@ impl SessionActor {
             created_at: now.clone(),
             owner: None,
         }));
-        let hub = Arc::new(Hub::default());
-        let session = self.core.uri.clone();
-        let provider = self.state.provider.clone();
-        let me = ctx.address();
-        let (u, h, s) = (uri.clone(), hub.clone(), shared.clone());
-        let t = title.clone();
-        let addr = ChatActor::start_in_arbiter(&shared.next_arbiter(), move |_| {
-            ChatActor::new(u, h, s, session, me, provider, t)
-        });
-        shared.registry.insert(Channel {
+        let home = ChatHome {
             uri: uri.clone(),
-            hub,
-            addr: ChannelAddr::Chat(addr.clone()),
-            session: Some(self.core.uri.clone()),
-            provider: Some(self.state.provider.as_str().into()),
-        });
+            shared,
+            session: self.core.uri.clone(),
+            session_addr: ctx.address(),
+            provider: self.state.provider.clone(),
+        };
+        let t = title.clone();
+        let addr = home.start(move |home, hub| ChatActor::new(home, hub, t));
         self.chats.push((uri.clone(), addr));
         let mut actions = vec![StateAction::SessionChatAdded(SessionChatAddedAction {
             summary: ChatSummary {

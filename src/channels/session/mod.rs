@@ -24,10 +24,9 @@ use super::core::{Accepted, ChannelCore, Shared};
 use super::recovery::{self, Rebuilt};
 use super::root::{RootActor, SessionSummaryChanged};
 use super::validate::{self, Rejection};
-use super::{ClientDispatch, SnapshotJson, Subscribe};
+use super::ClientDispatch;
 use crate::ids::ChannelUri;
 use crate::interactions::policy;
-use crate::protocol::RpcError;
 use crate::publish::{Hub, ServerSeq};
 use crate::time::now_rfc3339;
 
@@ -182,16 +181,8 @@ impl Actor for SessionActor {
 impl ChannelActor for SessionActor {
     type State = SessionState;
 
-    fn core(&self) -> &ChannelCore {
-        &self.core
-    }
-
-    fn parts(&mut self) -> (&mut ChannelCore, &SessionState) {
-        (&mut self.core, &self.state)
-    }
-
-    fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {
-        commit::reduce(&mut self.state, action)
+    fn parts(&mut self) -> (&mut ChannelCore, &mut SessionState) {
+        (&mut self.core, &mut self.state)
     }
 
     fn published(&mut self, _: &mut Context<Self>, _: Vec<(Accepted, ServerSeq)>) {
@@ -207,7 +198,10 @@ impl ChannelActor for SessionActor {
             Ok(None) => {
                 tracing::error!(session = %self.core.uri, "the session is not in the store")
             }
-            Err(e) => tracing::error!(session = %self.core.uri, error = %e, "cannot roll back"),
+            Err(e) => {
+                tracing::error!(session = %self.core.uri, error = %e, "cannot roll back");
+                self.core.unreadable = Some(e);
+            }
         }
     }
 }
@@ -249,31 +243,28 @@ impl Handler<ClientDispatch> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: ClientDispatch, ctx: &mut Self::Context) {
-        let ClientDispatch {
-            conn,
-            origin,
-            action,
-            ..
-        } = msg;
-        if let Some(e) = &self.core.store_failed {
-            let reason = format!("the store is unavailable ({e}); the session is read-only");
-            self.core.reject(&conn, &origin, &action, &reason);
-            return;
-        }
-        let ty = validate::action_type(&action);
-        let checked = if let StateAction::Unknown(raw) = &action {
+        self.client_action(ctx, msg, |act, action, _| act.client_checks(action));
+    }
+}
+
+impl SessionActor {
+    /// Every rule for a client-dispatched session action; reduces it into
+    /// the state when it passes.
+    fn client_checks(&mut self, action: &StateAction) -> Result<(), Rejection> {
+        let ty = validate::action_type(action);
+        let checked = if let StateAction::Unknown(raw) = action {
             Err(Rejection::new(validate::malformed_reason(raw)))
         } else if !validate::CLIENT_SESSION_ACTIONS.contains(&ty.as_str()) {
             Err(Rejection::new(format!(
                 "`{ty}` is not a client-dispatchable action"
             )))
         } else {
-            self.check_title(&action)
-                .and_then(|()| self.check_config(&action))
+            self.check_title(action)
+                .and_then(|()| self.check_config(action))
         };
-        let checked = checked.and_then(|()| {
+        checked.and_then(|()| {
             // Setting a config value to what it already is emits nothing.
-            if let StateAction::SessionConfigChanged(a) = &action {
+            if let StateAction::SessionConfigChanged(a) = action {
                 let values = self.state.config.as_ref().map(|c| &c.values);
                 if policy::changes_nothing(values, &a.config) {
                     return Err(Rejection::new(
@@ -281,33 +272,9 @@ impl Handler<ClientDispatch> for SessionActor {
                     ));
                 }
             }
-            self.reduce(&action)
-        });
-        if let Err(r) = checked {
-            self.core.reject(&conn, &origin, &action, &r.0);
-            return;
-        }
-        self.commit(ctx, vec![Accepted::new(action, Some((origin, conn)))], None);
+            self.reduce(action)
+        })
     }
 }
 
-impl Handler<Subscribe> for SessionActor {
-    type Result = Result<SnapshotJson, RpcError>;
-
-    fn handle(&mut self, msg: Subscribe, _: &mut Self::Context) -> Self::Result {
-        self.core.subscribe(&msg.conn, &self.state)
-    }
-}
-
-/// A copy of the session state.
-#[derive(Message)]
-#[rtype(result = "SessionState")]
-pub struct GetSessionState;
-
-impl Handler<GetSessionState> for SessionActor {
-    type Result = MessageResult<GetSessionState>;
-
-    fn handle(&mut self, _: GetSessionState, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.state.clone())
-    }
-}
+commit::channel_reads!(SessionActor, GetSessionState, SessionState);
