@@ -20,6 +20,7 @@ use serde_json::Value;
 use super::connection::Connection;
 use super::params::ChannelParams;
 use crate::channels::addr::SessionOwner;
+use crate::channels::ChannelAddr;
 use crate::protocol::methods::{self as m, decode_params};
 use crate::protocol::{errors, Incoming, RpcError};
 use crate::publish::Push;
@@ -217,13 +218,8 @@ impl Connection {
         if p.initial_message.is_some() {
             return Err(RpcError::invalid_params("`initialMessage` is not supported; dispatch `chat/turnStarted` after creating the chat"));
         }
-        let done = self
-            .app
-            .shared
-            .registry
-            .get(&p.channel)
-            .and_then(|c| c.addr.create_chat(p.chat.into()))
-            .ok_or_else(|| no_session(&p.channel))?;
+        let chat = p.chat.into();
+        let done = self.ask(&p.channel, |c| c.create_chat(chat), no_session)?;
         self.reply_when(id, done, ctx, |()| Value::Null);
         Ok(())
     }
@@ -256,13 +252,7 @@ impl Connection {
         ctx: &mut Context<Self>,
     ) -> Result<(), RpcError> {
         self.permit(&p.channel)?;
-        let done = self
-            .app
-            .shared
-            .registry
-            .get(&p.channel)
-            .and_then(|c| c.addr.fetch_turns(p.cursor))
-            .ok_or_else(|| no_chat(&p.channel))?;
+        let done = self.ask(&p.channel, |c| c.fetch_turns(p.cursor), no_chat)?;
         self.reply_when(id, done, ctx, |()| serde_json::json!({}));
         Ok(())
     }
@@ -275,13 +265,7 @@ impl Connection {
         ctx: &mut Context<Self>,
     ) -> Result<(), RpcError> {
         self.permit(&p.channel)?;
-        let pending = self
-            .app
-            .shared
-            .registry
-            .get(&p.channel)
-            .and_then(|c| c.addr.list_pending())
-            .ok_or_else(|| no_session(&p.channel))?;
+        let pending = self.ask(&p.channel, ChannelAddr::list_pending, no_session)?;
         self.reply_when(
             id,
             pending,
@@ -289,6 +273,20 @@ impl Connection {
             |pending| serde_json::json!({ "pending": pending }),
         );
         Ok(())
+    }
+
+    /// What `ask` makes of channel `uri`'s address, or `missing(uri)` when
+    /// there is no such channel or it is not the kind that answers `ask`.
+    fn ask<T>(
+        &self,
+        uri: &str,
+        ask: impl FnOnce(&ChannelAddr) -> Option<T>,
+        missing: fn(&str) -> RpcError,
+    ) -> Result<T, RpcError> {
+        let channel = self.app.shared.registry.get(uri);
+        channel
+            .and_then(|c| ask(&c.addr))
+            .ok_or_else(|| missing(uri))
     }
 
     /// The rejection reason when `action` is a person's act
