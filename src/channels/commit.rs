@@ -161,6 +161,22 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
         self.commit(ctx, batch, done);
     }
 
+    /// [`ChannelActor::host_actions`], resolving once the batch is published
+    /// (so durable), or with why it was not.
+    fn host_actions_stored(
+        &mut self,
+        ctx: &mut Context<Self>,
+        actions: Vec<StateAction>,
+    ) -> impl std::future::Future<Output = Result<(), Rejection>> + 'static {
+        let (done, stored) = oneshot::channel();
+        self.host_actions(ctx, actions, Some(done));
+        async move {
+            let kind = <Self::State as ChannelState>::KIND;
+            let gone = || Err(Rejection::new(format!("the {kind} went away")));
+            stored.await.unwrap_or_else(|_| gone())
+        }
+    }
+
     /// Journal a reduced batch; once durable publish it and run its effects,
     /// then answer `done`. While the journal has it the actor handles nothing
     /// else.

@@ -9,7 +9,16 @@ use ahp_types::actions::{ActionOrigin, StateAction};
 pub use super::context::Shared;
 use crate::ids::ChannelUri;
 use crate::publish::{rejection_frame, Hub, Outbound, Push, ServerSeq};
-use crate::store::{Batch, JournalError, Record, SnapshotRecord, TurnRecord};
+use crate::store::{Batch, Journal, JournalError, Record, SnapshotRecord, TurnRecord};
+
+/// Wait until every write handed to `journal` so far is durable (a removal
+/// is queued like any write, and nobody waits on it otherwise).
+pub async fn durable(journal: Arc<dyn Journal>) -> Result<(), String> {
+    tokio::task::spawn_blocking(move || journal.sync())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
 
 /// An action accepted by an actor, waiting for the journal.
 pub struct Accepted {

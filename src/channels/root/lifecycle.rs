@@ -13,6 +13,7 @@ use ahp_types::state::SessionSummary;
 use ahp_types::ROOT_RESOURCE_URI;
 
 use super::RootActor;
+use crate::channels::core::durable;
 use crate::channels::registry::{Channel, ChannelAddr};
 use crate::channels::session::{DisposeSession, InitSession, SessionActor};
 use crate::channels::validate::Rejection;
@@ -98,11 +99,7 @@ impl Handler<RemoveSession> for RootActor {
             addr.send(DisposeSession)
                 .await
                 .map_err(|_| "the session went away before it was removed".to_owned())?;
-            // `remove` is queued like any write: wait until the queue is durable.
-            tokio::task::spawn_blocking(move || journal.sync())
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())
+            durable(journal).await
         };
         Box::pin(removed.into_actor(self).map(move |removed, act, _| {
             if let Err(e) = removed {

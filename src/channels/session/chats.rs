@@ -8,13 +8,12 @@ use ahp_types::actions::{
     SessionInputNeededRemovedAction, SessionInputNeededSetAction, StateAction,
 };
 use ahp_types::state::{ChatSummary, SessionInputRequest, SessionStatus};
-use tokio::sync::oneshot;
 
 use super::SessionActor;
 use crate::channels::chat::{ChatActor, ChatHome, DisposeChat, GetPending, PendingItem};
 use crate::channels::commit::ChannelActor;
+use crate::channels::core::durable;
 use crate::channels::rollup;
-use crate::channels::validate::Rejection;
 use crate::ids::ChannelUri;
 use crate::protocol::{errors, RpcError};
 use crate::store::{ChannelInfo, ChannelKind};
@@ -177,13 +176,8 @@ impl Handler<CreateChat> for SessionActor {
         }
         let title = format!("Chat {}", self.chats.len() + 1);
         let actions = self.add_chat(ctx, msg.chat, title, false);
-        let (done, rx) = oneshot::channel();
-        self.host_actions(ctx, actions, Some(done));
-        Box::pin(async move {
-            rx.await
-                .unwrap_or_else(|_| Err(Rejection::new("the session went away")))
-                .map_err(|r| RpcError::internal(r.0))
-        })
+        let stored = self.host_actions_stored(ctx, actions);
+        Box::pin(async move { stored.await.map_err(|r| RpcError::internal(r.0)) })
     }
 }
 
@@ -196,18 +190,23 @@ pub struct RemoveChat {
 }
 
 impl Handler<RemoveChat> for SessionActor {
-    type Result = Result<(), RpcError>;
+    type Result = ResponseFuture<Result<(), RpcError>>;
 
+    /// Answered once the removal is durable: the chat's records are queued
+    /// for removal first, then the catalog actions are journaled, then the
+    /// store makes everything queued durable.
     fn handle(&mut self, msg: RemoveChat, ctx: &mut Self::Context) -> Self::Result {
         let Some(pos) = self.chats.iter().position(|(u, _)| *u == msg.chat) else {
-            return Err(RpcError::new(
+            let e = RpcError::new(
                 errors::NOT_FOUND,
                 format!("chat `{}` is not in this session", msg.chat),
-            ));
+            );
+            return Box::pin(std::future::ready(Err(e)));
         };
         let (uri, addr) = self.chats.remove(pos);
         // Gone for new requests at once, before the actor winds down.
         self.core.shared.registry.remove(&uri);
+        self.core.shared.journal.remove(&uri);
         addr.do_send(DisposeChat);
         // Its open requests leave the roll-up with it.
         let prefix = format!("{uri}#");
@@ -228,8 +227,16 @@ impl Handler<RemoveChat> for SessionActor {
         actions.push(StateAction::SessionChatRemoved(SessionChatRemovedAction {
             chat: uri.to_string(),
         }));
-        self.host_actions(ctx, actions, None);
-        Ok(())
+        let stored = self.host_actions_stored(ctx, actions);
+        let journal = self.core.shared.journal.clone();
+        Box::pin(async move {
+            let not_stored = |e: String| {
+                tracing::error!(chat = %uri, error = %e, "chat removal not stored");
+                RpcError::internal(format!("the removal could not be stored: {e}"))
+            };
+            stored.await.map_err(|r| not_stored(r.0))?;
+            durable(journal).await.map_err(not_stored)
+        })
     }
 }
 

@@ -4,6 +4,8 @@
 mod approval;
 mod chats;
 mod state;
+#[cfg(test)]
+mod tests;
 
 pub use approval::{ApprovalCheckpoint, GrantTool, TurnCheckpoint};
 pub use chats::{
