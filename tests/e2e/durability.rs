@@ -194,15 +194,15 @@ async fn a_pending_request_with_drafts_survives_and_its_turn_ends_with_an_error(
         Some(ResponsePart::Error(_))
     ));
     // The session no longer lists it as waiting.
-    let mut cleared = false;
-    for _ in 0..100 {
-        if c.subscribe_session(&session).await.input_needed.is_none() {
-            cleared = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(cleared, "the session roll-up drops the ended request");
+    let (c, session) = (&c, &session);
+    eventually("the session roll-up drops the ended request", || async move {
+        c.subscribe_session(session)
+            .await
+            .input_needed
+            .is_none()
+            .then_some(())
+    })
+    .await;
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
