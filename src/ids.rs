@@ -173,6 +173,43 @@ impl fmt::Debug for ServerSeq {
     }
 }
 
+/// A position in one channel's journal: how many of the channel's records
+/// come before it. Not a [`ServerSeq`]: every channel counts its own.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct JournalPos(u64);
+
+impl JournalPos {
+    /// Before the channel's first record.
+    pub const ZERO: JournalPos = JournalPos(0);
+
+    /// The position after `n` records.
+    pub const fn new(n: u64) -> Self {
+        JournalPos(n)
+    }
+
+    /// The number of records before it (for the store).
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The position `n` records further.
+    pub fn plus(self, n: u64) -> Self {
+        JournalPos(self.0 + n)
+    }
+}
+
+impl fmt::Display for JournalPos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for JournalPos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// Identifies one WebSocket connection for the life of the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(u64);

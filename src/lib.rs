@@ -15,7 +15,7 @@
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`config`] | tunables and limits |
 //! | [`rate`] | token buckets: dispatches per connection, bytes of actions per subject |
-//! | [`ids`] | the newtypes every layer passes around: `ChannelUri`, `ClientId`, `ServerSeq`, `ConnId` (the wire sees their inner values) |
+//! | [`ids`] | the newtypes every layer passes around: `ChannelUri`, `ClientId`, `ServerSeq`, `JournalPos`, `ConnId` (the wire sees their inner values) |
 //!
 //! ## Dependencies between modules
 //!

@@ -8,6 +8,7 @@ use ahp_types::actions::{ActionOrigin, StateAction};
 
 pub use super::context::Shared;
 use crate::ids::ChannelUri;
+use crate::ids::JournalPos;
 use crate::publish::{rejection_frame, Hub, Outbound, Push, ServerSeq};
 use crate::store::{Batch, Journal, JournalError, Record, SnapshotRecord, TurnRecord};
 
@@ -52,8 +53,8 @@ pub struct ChannelCore {
     pub hub: Arc<Hub>,
     /// Server context.
     pub shared: Arc<Shared>,
-    /// Records this channel has in the journal (the next `expected_seq`).
-    pub journal_len: u64,
+    /// Where this channel's journal ends (the next append's `expected`).
+    pub journal_len: JournalPos,
     /// Set when the journal refused a write: the channel then rejects every
     /// new action (reads keep working) instead of acknowledging unstored ones.
     pub store_failed: Option<String>,
@@ -138,7 +139,7 @@ impl ChannelCore {
         }
         self.claimed += records.len() as u64;
         let expected = self.journal_len;
-        self.journal_len += records.len() as u64;
+        self.journal_len = self.journal_len.plus(records.len() as u64);
         self.since_snapshot += records.len() as u64;
         let snapshot = if self.since_snapshot >= self.shared.config.snapshot_every {
             self.since_snapshot = 0;

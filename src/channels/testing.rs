@@ -16,7 +16,7 @@ use super::core::Shared;
 use super::registry::{Channel, ChannelAddr};
 use super::root::RootActor;
 use super::Subscribe;
-use crate::ids::{ChannelUri, ServerSeq};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::publish::{Hub, Outbound};
 use crate::store::{
     Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered,
@@ -96,7 +96,7 @@ impl Journal for TestJournal {
         })
     }
 
-    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit {
+    fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
         for r in &batch.records {
             self.event(format!("append {r}"));
         }
@@ -105,7 +105,7 @@ impl Journal for TestJournal {
                 "disk full".into(),
             ))));
         }
-        self.inner.append(channel, expected_seq, batch)
+        self.inner.append(channel, expected, batch)
     }
 
     fn remove(&self, channel: &ChannelUri) {
@@ -113,7 +113,7 @@ impl Journal for TestJournal {
         self.inner.remove(channel)
     }
 
-    fn len(&self, channel: &ChannelUri) -> u64 {
+    fn len(&self, channel: &ChannelUri) -> JournalPos {
         self.inner.len(channel)
     }
 

@@ -12,7 +12,7 @@ use super::{
     Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, Record, Recovered,
     RecoveredChannel, SnapshotRecord, TurnPage,
 };
-use crate::ids::{ChannelUri, ServerSeq};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 
 #[derive(Default)]
 struct Stored {
@@ -59,14 +59,14 @@ impl Journal for MemoryJournal {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit {
+    fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
         let mut chans = self.channels.lock();
         let entry = chans.entry(channel.clone()).or_default();
-        let found = entry.records.len() as u64;
-        let result = if found != expected_seq {
+        let found = JournalPos::new(entry.records.len() as u64);
+        let result = if found != expected {
             Err(JournalError::Conflict {
                 channel: channel.clone(),
-                expected: expected_seq,
+                expected,
                 found,
             })
         } else {
@@ -89,12 +89,14 @@ impl Journal for MemoryJournal {
         self.channels.lock().remove(channel);
     }
 
-    fn len(&self, channel: &ChannelUri) -> u64 {
+    fn len(&self, channel: &ChannelUri) -> JournalPos {
         self.channels
             .lock()
             .get(channel)
-            .map(|s| s.records.len() as u64)
-            .unwrap_or(0)
+            .map_or(
+                JournalPos::ZERO,
+                |s| JournalPos::new(s.records.len() as u64),
+            )
     }
 
     fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
@@ -128,14 +130,14 @@ impl Journal for MemoryJournal {
             .values()
             .filter_map(|s| {
                 let info = s.info.clone()?;
-                let at = s.snapshot.as_ref().map_or(0, |x| x.at_seq) as usize;
+                let at = s.snapshot.as_ref().map_or(0, |x| x.at_seq.get()) as usize;
                 Some((
                     s.order,
                     RecoveredChannel {
                         info,
                         snapshot: s.snapshot.clone(),
                         tail: s.records[at.min(s.records.len())..].to_vec(),
-                        len: s.records.len() as u64,
+                        len: JournalPos::new(s.records.len() as u64),
                         turn_count: s.turns.keys().next_back().map_or(0, |k| k + 1),
                     },
                 ))
@@ -168,20 +170,20 @@ mod tests {
     #[tokio::test]
     async fn append_is_fenced_by_expected_seq() {
         let j = MemoryJournal::new();
-        j.append(&"c".into(), 0, Batch::of(vec!["a".into()]))
+        j.append(&"c".into(), JournalPos::new(0), Batch::of(vec!["a".into()]))
             .await
             .expect("first append");
         let err = j
-            .append(&"c".into(), 0, Batch::of(vec!["b".into()]))
+            .append(&"c".into(), JournalPos::new(0), Batch::of(vec!["b".into()]))
             .await
             .expect_err("stale writer");
-        assert!(matches!(err, JournalError::Conflict { found: 1, .. }));
-        j.append(&"c".into(), 1, Batch::of(vec!["b".into()]))
+        assert!(matches!(err, JournalError::Conflict { found, .. } if found == JournalPos::new(1)));
+        j.append(&"c".into(), JournalPos::new(1), Batch::of(vec!["b".into()]))
             .await
             .expect("next append");
-        assert_eq!(j.len(&"c".into()), 2);
+        assert_eq!(j.len(&"c".into()), JournalPos::new(2));
         j.remove(&"c".into());
-        assert_eq!(j.len(&"c".into()), 0);
+        assert_eq!(j.len(&"c".into()), JournalPos::new(0));
     }
 
     #[tokio::test]
@@ -198,13 +200,13 @@ mod tests {
             .collect();
         j.append(
             &"ahp-chat:/c".into(),
-            0,
+            JournalPos::new(0),
             Batch {
                 records: vec!["a".into(), "b".into()],
                 turns,
                 truncate_turns_from: None,
                 snapshot: Some(SnapshotRecord {
-                    at_seq: 1,
+                    at_seq: JournalPos::new(1),
                     state: "s".into(),
                 }),
             },

@@ -1,9 +1,10 @@
 //! The journal between the channel actors and storage.
 //!
 //! Every accepted action is appended here before anyone sees it (invariant 1:
-//! durable before visible). The trait has the `append(channel, expected_seq)`
-//! shape so a backend can fence a stale writer; `expected_seq` is the
-//! channel's own count of journaled actions before this batch.
+//! durable before visible). The trait has the `append(channel, expected)`
+//! shape so a backend can fence a stale writer; `expected` is the channel's
+//! own count of journaled actions before this batch (a `JournalPos`, not a
+//! `serverSeq`).
 //!
 //! Besides actions, a batch may carry the turns that ended in it (so history
 //! can be paged with `fetchTurns` without keeping it all in memory) and a
@@ -17,7 +18,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::ids::{ChannelUri, ServerSeq};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 
 pub use memory::MemoryJournal;
 pub use sqlite::{Durability, SqliteJournal};
@@ -42,9 +43,9 @@ pub enum JournalError {
         /// Channel URI.
         channel: ChannelUri,
         /// Position the writer expected.
-        expected: u64,
+        expected: JournalPos,
         /// Position the journal holds.
-        found: u64,
+        found: JournalPos,
     },
     /// The store cannot take writes or reads (full disk, read-only, corrupt).
     #[error("store unavailable: {0}")]
@@ -67,7 +68,7 @@ pub struct TurnRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SnapshotRecord {
     /// Records covered by the snapshot.
-    pub at_seq: u64,
+    pub at_seq: JournalPos,
     /// The serialized `ChatState` / `SessionState`.
     pub state: Arc<str>,
 }
@@ -151,7 +152,7 @@ pub struct RecoveredChannel {
     /// Records after the snapshot, in order.
     pub tail: Vec<Record>,
     /// Total records journaled for the channel.
-    pub len: u64,
+    pub len: JournalPos,
     /// Turns stored in its history.
     pub turn_count: u64,
 }
@@ -190,15 +191,15 @@ pub trait Journal: Send + Sync + 'static {
     /// Record a new channel. Resolves once durable.
     fn create_channel(&self, info: ChannelInfo) -> Commit;
 
-    /// Append `batch` to `channel`, whose journal must currently hold exactly
-    /// `expected_seq` records. Resolves once durable.
-    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit;
+    /// Append `batch` to `channel`, whose journal must currently end exactly
+    /// at `expected`. Resolves once durable.
+    fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit;
 
     /// Forget a disposed channel and everything stored for it.
     fn remove(&self, channel: &ChannelUri);
 
-    /// Number of records held for `channel`.
-    fn len(&self, channel: &ChannelUri) -> u64;
+    /// Where `channel`'s journal ends (the number of records held).
+    fn len(&self, channel: &ChannelUri) -> JournalPos;
 
     /// Up to `limit` stored turns of `chat` just before index `before`,
     /// oldest first.

@@ -195,13 +195,16 @@ async fn a_pending_request_with_drafts_survives_and_its_turn_ends_with_an_error(
     ));
     // The session no longer lists it as waiting.
     let (c, session) = (&c, &session);
-    eventually("the session roll-up drops the ended request", || async move {
-        c.subscribe_session(session)
-            .await
-            .input_needed
-            .is_none()
-            .then_some(())
-    })
+    eventually(
+        "the session roll-up drops the ended request",
+        || async move {
+            c.subscribe_session(session)
+                .await
+                .input_needed
+                .is_none()
+                .then_some(())
+        },
+    )
     .await;
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);

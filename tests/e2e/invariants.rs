@@ -10,7 +10,7 @@ use ahp_types::actions::StateAction;
 use ahp_types::state::SessionInputRequest;
 use common::*;
 use serde_json::json;
-use tandem::ids::{ChannelUri, ServerSeq};
+use tandem::ids::{ChannelUri, JournalPos, ServerSeq};
 use tandem::store::{
     Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered,
     RecoveredChannel, TurnPage,
@@ -31,13 +31,13 @@ impl Journal for GatedJournal {
     fn create_channel(&self, info: ChannelInfo) -> Commit {
         self.inner.create_channel(info)
     }
-    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit {
+    fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
         let held = self.hold.lock().expect("lock").as_deref() == Some(channel.as_str());
         let release = self.release.clone();
         if let Ok(mut a) = self.appended.lock() {
             a.extend(batch.records.iter().map(|r| r.to_string()));
         }
-        let stored = self.inner.append(channel, expected_seq, batch);
+        let stored = self.inner.append(channel, expected, batch);
         Box::pin(async move {
             if held {
                 release.notified().await;
@@ -48,7 +48,7 @@ impl Journal for GatedJournal {
     fn remove(&self, channel: &ChannelUri) {
         self.inner.remove(channel)
     }
-    fn len(&self, channel: &ChannelUri) -> u64 {
+    fn len(&self, channel: &ChannelUri) -> JournalPos {
         self.inner.len(channel)
     }
     fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
@@ -199,18 +199,18 @@ impl Journal for FailingJournal {
     fn create_channel(&self, info: ChannelInfo) -> Commit {
         self.inner.create_channel(info)
     }
-    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit {
+    fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
         if self.fail.load(Ordering::SeqCst) {
             return Box::pin(std::future::ready(Err(JournalError::Unavailable(
                 "disk full".into(),
             ))));
         }
-        self.inner.append(channel, expected_seq, batch)
+        self.inner.append(channel, expected, batch)
     }
     fn remove(&self, channel: &ChannelUri) {
         self.inner.remove(channel)
     }
-    fn len(&self, channel: &ChannelUri) -> u64 {
+    fn len(&self, channel: &ChannelUri) -> JournalPos {
         self.inner.len(channel)
     }
     fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {

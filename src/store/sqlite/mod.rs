@@ -27,7 +27,7 @@ use super::{
     Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, Recovered, RecoveredChannel,
     TurnPage,
 };
-use crate::ids::{ChannelUri, ServerSeq};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use writer::{Op, Writer};
 
 /// How hard a commit waits for the disk.
@@ -45,7 +45,7 @@ pub struct SqliteJournal {
     path: PathBuf,
     tx: Mutex<mpsc::Sender<Op>>,
     /// Records per channel, as committed (for `len`).
-    lens: Arc<DashMap<ChannelUri, u64>>,
+    lens: Arc<DashMap<ChannelUri, JournalPos>>,
     reader: Mutex<Connection>,
 }
 
@@ -86,7 +86,7 @@ impl SqliteJournal {
                 .map_err(describe)?;
             for row in rows {
                 let (uri, len) = row.map_err(describe)?;
-                lens.insert(ChannelUri::from(uri), len as u64);
+                lens.insert(ChannelUri::from(uri), JournalPos::new(len as u64));
             }
         }
         let (tx, rx) = mpsc::channel();
@@ -126,11 +126,11 @@ impl Journal for SqliteJournal {
         Box::pin(async move { rx.await.unwrap_or_else(|_| Err(closed())) })
     }
 
-    fn append(&self, channel: &ChannelUri, expected_seq: u64, batch: Batch) -> Commit {
+    fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
         let (done, rx) = oneshot::channel();
         let op = Op::Append {
             channel: channel.clone(),
-            expected: expected_seq,
+            expected,
             batch,
             done,
         };
@@ -144,8 +144,8 @@ impl Journal for SqliteJournal {
         self.send(Op::Remove(channel.clone()));
     }
 
-    fn len(&self, channel: &ChannelUri) -> u64 {
-        self.lens.get(channel).map_or(0, |l| *l)
+    fn len(&self, channel: &ChannelUri) -> JournalPos {
+        self.lens.get(channel).map_or(JournalPos::ZERO, |l| *l)
     }
 
     fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::unavailable;
-use crate::ids::{ChannelUri, ServerSeq};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::store::{
     ChannelInfo, ChannelKind, JournalError, Record, Recovered, RecoveredChannel, SnapshotRecord,
     TurnPage,
@@ -19,7 +19,7 @@ const CHANNEL_COLUMNS: &str = "uri, kind, session, provider, title, created_at, 
 /// A `channels` row read with [`CHANNEL_COLUMNS`]: the channel's identity
 /// and how many records it has. A kind this build does not know is an
 /// error, not a channel silently skipped.
-fn read_channel(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ChannelInfo, u64)> {
+fn read_channel(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ChannelInfo, JournalPos)> {
     let uri: String = r.get(0)?;
     let kind: String = r.get(1)?;
     let Some(kind) = ChannelKind::parse(&kind) else {
@@ -38,7 +38,7 @@ fn read_channel(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ChannelInfo, u64)> {
         created_at: r.get(5)?,
         owner: r.get(7)?,
     };
-    Ok((info, r.get::<_, i64>(6)? as u64))
+    Ok((info, JournalPos::new(r.get::<_, i64>(6)? as u64)))
 }
 
 /// Run the parameterless query `sql`, decode each row with `read` and hand
@@ -115,14 +115,14 @@ pub(super) fn load_channel(
             [uri],
             |r| {
                 Ok(SnapshotRecord {
-                    at_seq: r.get::<_, i64>(0)? as u64,
+                    at_seq: JournalPos::new(r.get::<_, i64>(0)? as u64),
                     state: r.get::<_, String>(1)?.into(),
                 })
             },
         )
         .optional()
         .map_err(unavailable)?;
-    let from = snapshot.as_ref().map_or(0, |s| s.at_seq) as i64;
+    let from = snapshot.as_ref().map_or(0, |s| s.at_seq.get()) as i64;
     let mut stmt = conn
         .prepare("SELECT action FROM actions WHERE channel = ?1 AND seq >= ?2 ORDER BY seq")
         .map_err(unavailable)?;
@@ -164,7 +164,7 @@ pub(super) fn recover(conn: &Connection) -> Result<Recovered, JournalError> {
         text_int_text,
         |(c, at, state)| {
             let record = SnapshotRecord {
-                at_seq: at as u64,
+                at_seq: JournalPos::new(at as u64),
                 state: state.into(),
             };
             snapshots.insert(c, record);
@@ -177,7 +177,7 @@ pub(super) fn recover(conn: &Connection) -> Result<Recovered, JournalError> {
         "SELECT channel, seq, action FROM actions ORDER BY channel, seq",
         text_int_text,
         |(c, seq, action)| {
-            let from = snapshots.get(&c).map_or(0, |s| s.at_seq);
+            let from = snapshots.get(&c).map_or(0, |s| s.at_seq.get());
             if seq as u64 >= from {
                 tails.entry(c).or_default().push(action.into());
             }

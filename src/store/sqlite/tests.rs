@@ -1,7 +1,7 @@
 //! The SQLite store: persistence across reopen, fencing, group commit.
 
 use super::*;
-use crate::ids::{ChannelUri, ServerSeq};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::store::{Record, SnapshotRecord, TurnRecord};
 
 #[tokio::test]
@@ -14,21 +14,25 @@ async fn appends_survive_reopen_with_snapshot_compaction() {
             .expect("create");
         j.append(
             &"ahp-chat:/a".into(),
-            0,
+            JournalPos::new(0),
             Batch::of(vec!["1".into(), "2".into()]),
         )
         .await
         .expect("append");
         let conflict = j
-            .append(&"ahp-chat:/a".into(), 0, Batch::of(vec!["x".into()]))
+            .append(
+                &"ahp-chat:/a".into(),
+                JournalPos::new(0),
+                Batch::of(vec!["x".into()]),
+            )
             .await;
         assert!(matches!(
             conflict,
-            Err(JournalError::Conflict { found: 2, .. })
+            Err(JournalError::Conflict { found, .. }) if found == JournalPos::new(2)
         ));
         j.append(
             &"ahp-chat:/a".into(),
-            2,
+            JournalPos::new(2),
             Batch {
                 records: vec!["3".into()],
                 turns: vec![TurnRecord {
@@ -37,29 +41,36 @@ async fn appends_survive_reopen_with_snapshot_compaction() {
                 }],
                 truncate_turns_from: None,
                 snapshot: Some(SnapshotRecord {
-                    at_seq: 3,
+                    at_seq: JournalPos::new(3),
                     state: "S".into(),
                 }),
             },
         )
         .await
         .expect("append with snapshot");
-        j.append(&"ahp-chat:/a".into(), 3, Batch::of(vec!["4".into()]))
-            .await
-            .expect("tail");
+        j.append(
+            &"ahp-chat:/a".into(),
+            JournalPos::new(3),
+            Batch::of(vec!["4".into()]),
+        )
+        .await
+        .expect("tail");
         j.reserve_seq(ServerSeq::new(1000)).expect("reserve");
-        assert_eq!(j.len(&"ahp-chat:/a".into()), 4);
+        assert_eq!(j.len(&"ahp-chat:/a".into()), JournalPos::new(4));
     }
     let j = SqliteJournal::open(&dir, Durability::Full).expect("reopen");
     let r = j.recover().expect("recover");
     assert_eq!(r.seq_floor, ServerSeq::new(1000));
     assert_eq!(r.channels.len(), 1);
     let c = &r.channels[0];
-    assert_eq!(c.len, 4);
-    assert_eq!(c.snapshot.as_ref().map(|s| s.at_seq), Some(3));
+    assert_eq!(c.len, JournalPos::new(4));
+    assert_eq!(
+        c.snapshot.as_ref().map(|s| s.at_seq),
+        Some(JournalPos::new(3))
+    );
     assert_eq!(c.tail, vec![Record::from("4")]);
     assert_eq!(c.turn_count, 1);
-    assert_eq!(j.len(&"ahp-chat:/a".into()), 4);
+    assert_eq!(j.len(&"ahp-chat:/a".into()), JournalPos::new(4));
     assert_eq!(
         j.turns_before(&"ahp-chat:/a".into(), 1, 10).expect("turns"),
         vec![Arc::<str>::from("turn0")]
@@ -130,7 +141,7 @@ fn full_batch(records: &[&str], turn_index: u64) -> Batch {
         }],
         truncate_turns_from: Some(0),
         snapshot: Some(SnapshotRecord {
-            at_seq: 99,
+            at_seq: JournalPos::new(99),
             state: "refused snapshot".into(),
         }),
     }
@@ -150,25 +161,27 @@ async fn an_append_at_the_wrong_position_is_refused_and_changes_nothing() {
             index: 0,
             json: "turn0".into(),
         }];
-        j.append(chat, 0, first).await.expect("append");
-        for expected in [0, 1, 3, 7] {
+        j.append(chat, JournalPos::new(0), first)
+            .await
+            .expect("append");
+        for expected in [0, 1, 3, 7].map(JournalPos::new) {
             let refused = j.append(chat, expected, full_batch(&["x"], 0)).await;
             assert_eq!(
                 refused,
                 Err(JournalError::Conflict {
                     channel: chat.clone(),
                     expected,
-                    found: 2
+                    found: JournalPos::new(2)
                 }),
                 "an append expecting {expected} records"
             );
-            assert_eq!(j.len(chat), 2);
+            assert_eq!(j.len(chat), JournalPos::new(2));
         }
         j.sync().expect("sync");
     }
     let j = SqliteJournal::open(&dir, Durability::Relaxed).expect("reopen");
     let c = j.load_channel(chat).expect("load").expect("stored");
-    assert_eq!(c.len, 2);
+    assert_eq!(c.len, JournalPos::new(2));
     assert_eq!(c.tail, vec![Record::from("1"), Record::from("2")]);
     assert!(c.snapshot.is_none(), "no refused snapshot");
     assert_eq!(c.turn_count, 1, "no refused truncation or turn");
@@ -177,14 +190,14 @@ async fn an_append_at_the_wrong_position_is_refused_and_changes_nothing() {
         vec![Arc::<str>::from("turn0")]
     );
     // The right position still works.
-    j.append(chat, 2, Batch::of(vec!["3".into()]))
+    j.append(chat, JournalPos::new(2), Batch::of(vec!["3".into()]))
         .await
         .expect("append at the stored position");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A writer on a fresh store in `dir` (no thread: the test hands it groups).
-fn writer(dir: &Path) -> (Writer, Arc<DashMap<ChannelUri, u64>>) {
+fn writer(dir: &Path) -> (Writer, Arc<DashMap<ChannelUri, JournalPos>>) {
     let conn = schema::open_conn(&dir.join("tandem.db"), Durability::Relaxed).expect("open");
     schema::create(&conn).expect("schema");
     let lens = Arc::new(DashMap::new());
@@ -208,7 +221,7 @@ fn append_op(channel: &str, expected: u64, records: &[&str]) -> (Op, Answer) {
     let batch = Batch::of(records.iter().map(|r| Record::from(*r)).collect());
     let op = Op::Append {
         channel: channel.into(),
-        expected,
+        expected: JournalPos::new(expected),
         batch,
         done,
     };
@@ -255,11 +268,8 @@ fn a_fenced_append_fails_alone_in_its_group() {
     assert!(
         matches!(
             &results[2],
-            Err(JournalError::Conflict {
-                expected: 0,
-                found: 1,
-                ..
-            })
+            Err(JournalError::Conflict { expected, found, .. })
+                if (expected.get(), found.get()) == (0, 1)
         ),
         "{:?}",
         results[2]
@@ -267,11 +277,8 @@ fn a_fenced_append_fails_alone_in_its_group() {
     assert!(
         matches!(
             &results[3],
-            Err(JournalError::Conflict {
-                expected: 3,
-                found: 0,
-                ..
-            })
+            Err(JournalError::Conflict { expected, found, .. })
+                if (expected.get(), found.get()) == (3, 0)
         ),
         "{:?}",
         results[3]
@@ -279,7 +286,10 @@ fn a_fenced_append_fails_alone_in_its_group() {
     assert_eq!(results[4], Ok(()));
     assert_eq!(stored_actions(&dir, "ahp-chat:/a"), ["a1", "a2"]);
     assert!(stored_actions(&dir, "ahp-chat:/b").is_empty());
-    assert_eq!(lens.get("ahp-chat:/a").map(|l| *l), Some(2));
+    assert_eq!(
+        lens.get("ahp-chat:/a").map(|l| *l),
+        Some(JournalPos::new(2))
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -335,7 +345,10 @@ fn one_bad_write_fails_every_write_of_its_group_visibly() {
     assert!(r.provider_owners.is_empty());
     let uris: Vec<_> = r.channels.iter().map(|c| c.info.uri.as_str()).collect();
     assert_eq!(uris, ["ahp-chat:/a", "ahp-chat:/b"]);
-    assert_eq!(lens.get("ahp-chat:/a").map(|l| *l), Some(0));
+    assert_eq!(
+        lens.get("ahp-chat:/a").map(|l| *l),
+        Some(JournalPos::new(0))
+    );
 
     // The writer goes on: the next group commits at the old positions.
     let results = commit(

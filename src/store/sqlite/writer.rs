@@ -16,7 +16,7 @@ use rusqlite::{params, Connection};
 use tokio::sync::oneshot;
 
 use super::unavailable;
-use crate::ids::{ChannelUri, ServerSeq};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::store::{Batch, ChannelInfo, JournalError};
 
 /// Most queued writes folded into one transaction.
@@ -29,7 +29,7 @@ pub(super) enum Op {
     /// Append a batch at `expected`.
     Append {
         channel: ChannelUri,
-        expected: u64,
+        expected: JournalPos,
         batch: Batch,
         done: oneshot::Sender<Result<(), JournalError>>,
     },
@@ -51,12 +51,12 @@ pub(super) struct Writer {
     /// `ord` of the next created channel.
     next_ord: i64,
     /// Records per channel, as committed (shared with the journal's `len`).
-    lens: Arc<DashMap<ChannelUri, u64>>,
+    lens: Arc<DashMap<ChannelUri, JournalPos>>,
 }
 
 impl Writer {
     /// A writer on `conn` (schema in place) publishing lengths to `lens`.
-    pub(super) fn new(conn: Connection, lens: Arc<DashMap<ChannelUri, u64>>) -> Self {
+    pub(super) fn new(conn: Connection, lens: Arc<DashMap<ChannelUri, JournalPos>>) -> Self {
         let next_ord = conn
             .query_row("SELECT COALESCE(MAX(ord), 0) + 1 FROM channels", [], |r| {
                 r.get(0)
@@ -89,7 +89,7 @@ impl Writer {
     pub(super) fn commit_group(&mut self, ops: Vec<Op>) {
         // Positions as they will be after this commit; published to `lens`
         // only if it succeeds.
-        let mut pending: HashMap<ChannelUri, u64> = HashMap::new();
+        let mut pending: HashMap<ChannelUri, JournalPos> = HashMap::new();
         let mut results: Vec<Result<(), JournalError>> = Vec::with_capacity(ops.len());
         // The owner after each `BindProvider` op, in op order.
         let mut owners: Vec<String> = Vec::new();
@@ -151,8 +151,8 @@ fn apply(
     tx: &rusqlite::Transaction<'_>,
     op: &Op,
     next_ord: &mut i64,
-    pending: &mut HashMap<ChannelUri, u64>,
-    lens: &DashMap<ChannelUri, u64>,
+    pending: &mut HashMap<ChannelUri, JournalPos>,
+    lens: &DashMap<ChannelUri, JournalPos>,
     owners: &mut Vec<String>,
 ) -> rusqlite::Result<Result<(), JournalError>> {
     match op {
@@ -162,7 +162,7 @@ fn apply(
                 params![info.uri.as_str(), *next_ord, info.kind.as_str(), info.session.as_deref(), info.provider, info.title, info.created_at, info.owner],
             )?;
             *next_ord += 1;
-            pending.insert(info.uri.clone(), 0);
+            pending.insert(info.uri.clone(), JournalPos::ZERO);
         }
         Op::Append {
             channel,
@@ -173,7 +173,7 @@ fn apply(
             let found = pending
                 .get(channel)
                 .copied()
-                .unwrap_or_else(|| lens.get(channel).map_or(0, |l| *l));
+                .unwrap_or_else(|| lens.get(channel).map_or(JournalPos::ZERO, |l| *l));
             if found != *expected {
                 return Ok(Err(JournalError::Conflict {
                     channel: channel.clone(),
@@ -182,7 +182,7 @@ fn apply(
                 }));
             }
             write_batch(tx, channel, *expected, batch)?;
-            pending.insert(channel.clone(), expected + batch.records.len() as u64);
+            pending.insert(channel.clone(), expected.plus(batch.records.len() as u64));
         }
         Op::Remove(channel) => {
             tx.execute("DELETE FROM channels WHERE uri = ?1", [channel.as_str()])?;
@@ -192,7 +192,7 @@ fn apply(
                 [channel.as_str()],
             )?;
             tx.execute("DELETE FROM turns WHERE chat = ?1", [channel.as_str()])?;
-            pending.insert(channel.clone(), 0);
+            pending.insert(channel.clone(), JournalPos::ZERO);
         }
         Op::BindProvider {
             provider, subject, ..
@@ -222,7 +222,7 @@ fn bind_provider_in(
 fn write_batch(
     tx: &rusqlite::Transaction<'_>,
     channel: &str,
-    expected: u64,
+    expected: JournalPos,
     batch: &Batch,
 ) -> rusqlite::Result<()> {
     {
@@ -230,12 +230,12 @@ fn write_batch(
             "INSERT OR REPLACE INTO actions (channel, seq, action) VALUES (?1, ?2, ?3)",
         )?;
         for (i, r) in batch.records.iter().enumerate() {
-            insert.execute(params![channel, (expected + i as u64) as i64, &**r])?;
+            insert.execute(params![channel, expected.plus(i as u64).get() as i64, &**r])?;
         }
     }
-    let len = expected + batch.records.len() as u64;
+    let len = expected.plus(batch.records.len() as u64);
     tx.prepare_cached("UPDATE channels SET len = ?2 WHERE uri = ?1")?
-        .execute(params![channel, len as i64])?;
+        .execute(params![channel, len.get() as i64])?;
     if let Some(from) = batch.truncate_turns_from {
         tx.prepare_cached("DELETE FROM turns WHERE chat = ?1 AND idx >= ?2")?
             .execute(params![channel, from as i64])?;
@@ -251,10 +251,10 @@ fn write_batch(
         tx.prepare_cached(
             "INSERT OR REPLACE INTO snapshots (channel, at_seq, state) VALUES (?1, ?2, ?3)",
         )?
-        .execute(params![channel, s.at_seq as i64, &*s.state])?;
+        .execute(params![channel, s.at_seq.get() as i64, &*s.state])?;
         // The snapshot covers everything before it: compact.
         tx.prepare_cached("DELETE FROM actions WHERE channel = ?1 AND seq < ?2")?
-            .execute(params![channel, s.at_seq as i64])?;
+            .execute(params![channel, s.at_seq.get() as i64])?;
     }
     Ok(())
 }
