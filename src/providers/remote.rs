@@ -42,7 +42,7 @@ struct State {
     /// Bumped on every attach and detach, so a stale grace timer does nothing.
     generation: u64,
     /// Active turns by (chat, turn id).
-    turns: HashMap<(String, String), (ChannelUri, ChatHandle, ahp_types::state::Message)>,
+    turns: HashMap<(ChannelUri, String), (ChannelUri, ChatHandle, ahp_types::state::Message)>,
 }
 
 /// A provider served over a connection.
@@ -86,7 +86,7 @@ impl RemoteAgent {
     pub fn attach(&self, conn: Arc<Outbound>, principal: Principal) {
         let mut st = self.state.lock();
         st.generation += 1;
-        let refused: Vec<(String, String)> = st
+        let refused: Vec<(ChannelUri, String)> = st
             .turns
             .iter()
             .filter(|(_, (session, _, _))| !principal.may_use_session(session))
@@ -104,7 +104,7 @@ impl RemoteAgent {
     }
 
     /// End a turn the serving connection may not see.
-    fn refuse_turn(&self, handle: ChatHandle, session: &str) {
+    fn refuse_turn(&self, handle: ChatHandle, session: &ChannelUri) {
         tracing::info!(provider = %self.info.provider, chat = %handle.chat, %session, "turn outside the provider connection's sessions: ending it");
         let err = chat_error(
             &handle.turn_id,
@@ -177,7 +177,7 @@ impl Agent for RemoteAgent {
 
     fn start_turn(&self, turn: AgentTurn) {
         let mut st = self.state.lock();
-        let key = (turn.handle.chat.to_string(), turn.handle.turn_id.clone());
+        let key = (turn.handle.chat.clone(), turn.handle.turn_id.clone());
         if let Some(s) = &st.serving {
             if !s.principal.may_use_session(&turn.session) {
                 drop(st);
@@ -199,7 +199,7 @@ impl Agent for RemoteAgent {
         // A turn it never held (refused) is none of its business.
         if st
             .turns
-            .remove(&(chat.to_owned(), turn_id.to_owned()))
+            .remove(&(ChannelUri::from(chat), turn_id.to_owned()))
             .is_none()
         {
             return;
@@ -217,6 +217,6 @@ impl Agent for RemoteAgent {
         self.state
             .lock()
             .turns
-            .remove(&(chat.to_owned(), turn_id.to_owned()));
+            .remove(&(ChannelUri::from(chat), turn_id.to_owned()));
     }
 }

@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use super::connection::Connection;
 use crate::channels::SnapshotJson;
+use crate::ids::ChannelUri;
 use crate::protocol::{self, errors, RpcError};
 use crate::publish::{Replay, ServerSeq};
 
@@ -38,7 +39,7 @@ impl Connection {
         p: SubscribeParams,
         ctx: &mut Context<Self>,
     ) -> Result<(), RpcError> {
-        let uri = p.channel;
+        let uri = ChannelUri::from(p.channel);
         let view_turns = p.view.and_then(|v| v.turns);
         self.subscribe_many(vec![uri.clone()], view_turns, ctx, move |_, snaps| {
             let id = id?;
@@ -55,7 +56,7 @@ impl Connection {
     /// frames are held until `reply` (built from the snapshots) is queued.
     fn subscribe_many(
         &mut self,
-        uris: Vec<String>,
+        uris: Vec<ChannelUri>,
         view_turns: Option<i64>,
         ctx: &mut Context<Self>,
         reply: impl FnOnce(&mut Self, Vec<SnapshotJson>) -> Option<ByteString> + 'static,
@@ -66,10 +67,7 @@ impl Connection {
             .config
             .limits
             .max_subscriptions_per_connection;
-        let new = uris
-            .iter()
-            .filter(|u| !self.subs.contains(u.as_str()))
-            .count();
+        let new = uris.iter().filter(|u| !self.subs.contains(*u)).count();
         if self.subs.len() + new > max {
             return Err(subscription_limit(max));
         }
@@ -133,7 +131,12 @@ impl Connection {
             Ok(Some(v)) => v.to_owned(),
         };
         self.check_client_id(&p.client_id)?;
-        let uris = p.initial_subscriptions.unwrap_or_default();
+        let uris: Vec<ChannelUri> = p
+            .initial_subscriptions
+            .unwrap_or_default()
+            .into_iter()
+            .map(ChannelUri::from)
+            .collect();
         for uri in &uris {
             self.permit(uri)?;
             if !self.app.shared.registry.contains(uri) {
@@ -246,7 +249,7 @@ impl Connection {
         // Too old (or from before a restart): fresh snapshots. Channels that
         // are gone are simply absent.
         self.out.ungate_with(None);
-        let uris = present.iter().map(|c| c.uri.to_string()).collect();
+        let uris = present.iter().map(|c| c.uri.clone()).collect();
         self.subscribe_many(uris, None, ctx, move |_, snaps| {
             let joined = snaps.into_iter().map(|s| s.0).collect::<Vec<_>>().join(",");
             id.map(|id| {
