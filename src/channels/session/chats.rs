@@ -192,9 +192,10 @@ pub struct RemoveChat {
 impl Handler<RemoveChat> for SessionActor {
     type Result = ResponseFuture<Result<(), RpcError>>;
 
-    /// Answered once the removal is durable: the chat's records are queued
-    /// for removal first, then the catalog actions are journaled, then the
-    /// store makes everything queued durable.
+    /// Answered once the removal is durable: the catalog actions are
+    /// journaled, the chat has queued the removal of its records (after any
+    /// write it still had in flight), and the store has made everything
+    /// queued durable.
     fn handle(&mut self, msg: RemoveChat, ctx: &mut Self::Context) -> Self::Result {
         let Some(pos) = self.chats.iter().position(|(u, _)| *u == msg.chat) else {
             let e = RpcError::new(
@@ -206,8 +207,7 @@ impl Handler<RemoveChat> for SessionActor {
         let (uri, addr) = self.chats.remove(pos);
         // Gone for new requests at once, before the actor winds down.
         self.core.shared.registry.remove(&uri);
-        self.core.shared.journal.remove(&uri);
-        addr.do_send(DisposeChat);
+        let disposed = addr.send(DisposeChat);
         // Its open requests leave the roll-up with it.
         let prefix = format!("{uri}#");
         let stale: Vec<StateAction> = self
@@ -235,6 +235,9 @@ impl Handler<RemoveChat> for SessionActor {
                 RpcError::internal(format!("the removal could not be stored: {e}"))
             };
             stored.await.map_err(|r| not_stored(r.0))?;
+            disposed
+                .await
+                .map_err(|_| not_stored("the chat went away before it was removed".into()))?;
             durable(journal).await.map_err(not_stored)
         })
     }
