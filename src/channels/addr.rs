@@ -20,7 +20,7 @@ use super::context::Shared;
 use super::recovery::{RecoveryStats, Restore};
 use super::registry::{Channel, ChannelAddr};
 use super::root::{AgentsChanged, CreateSession, ListSessions, RemoveSession, RootActor};
-use super::session::{CreateChat, ListPending, RemoveChat};
+use super::session::{CreateChat, ListPending, RemoveChat, SessionActor};
 use super::{ClientDispatch, SnapshotJson, Subscribe};
 use crate::ids::ChannelUri;
 use crate::interactions::{Interaction, Outcome, Settlement};
@@ -160,10 +160,7 @@ impl ChannelAddr {
         &self,
         chat: ChannelUri,
     ) -> Option<impl Future<Output = Result<(), RpcError>>> {
-        let ChannelAddr::Session(a) = self else {
-            return None;
-        };
-        let sent = a.send(CreateChat { chat });
+        let sent = self.session()?.send(CreateChat { chat });
         Some(async move { answered(sent.await) })
     }
 
@@ -173,20 +170,14 @@ impl ChannelAddr {
         &self,
         chat: ChannelUri,
     ) -> Option<impl Future<Output = Result<(), RpcError>>> {
-        let ChannelAddr::Session(a) = self else {
-            return None;
-        };
-        let sent = a.send(RemoveChat { chat });
+        let sent = self.session()?.send(RemoveChat { chat });
         Some(async move { answered(sent.await) })
     }
 
     /// `tandem/listPending`: the session's unsettled interactions; `None`
     /// unless this is a session.
     pub fn list_pending(&self) -> Option<impl Future<Output = Result<Vec<PendingItem>, RpcError>>> {
-        let ChannelAddr::Session(a) = self else {
-            return None;
-        };
-        let sent = a.send(ListPending);
+        let sent = self.session()?.send(ListPending);
         Some(async move { sent.await.map_err(|e| RpcError::internal(e.to_string())) })
     }
 
@@ -235,6 +226,14 @@ impl ChannelAddr {
                 Some(handle) => handle.interact(interaction).await,
                 None => Settlement::with_reason(Outcome::Aborted, "not a chat"),
             }
+        }
+    }
+
+    /// The session actor behind this address, if it is one.
+    fn session(&self) -> Option<&actix::Addr<SessionActor>> {
+        match self {
+            ChannelAddr::Session(a) => Some(a),
+            _ => None,
         }
     }
 
