@@ -131,83 +131,65 @@ string_id! {
     ClientId
 }
 
-/// A position in the server-wide action order (`serverSeq`).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ServerSeq(u64);
+/// A count-like position: a `u64` that only moves forward.
+macro_rules! position {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(u64);
+
+        impl $name {
+            /// The very start, before anything.
+            pub const ZERO: $name = $name(0);
+
+            /// The position `n` (as read from the wire or the store).
+            pub const fn new(n: u64) -> Self {
+                $name(n)
+            }
+
+            /// The number itself (for the store and the wire).
+            pub const fn get(self) -> u64 {
+                self.0
+            }
+
+            /// The position `n` further on.
+            pub fn plus(self, n: u64) -> Self {
+                $name(self.0 + n)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    };
+}
+
+position! {
+    /// A position in the server-wide action order (`serverSeq`).
+    ServerSeq
+}
 
 impl ServerSeq {
-    /// Before any action.
-    pub const ZERO: ServerSeq = ServerSeq(0);
-
-    /// The position `n` (as read from the wire or the store).
-    pub const fn new(n: u64) -> Self {
-        ServerSeq(n)
-    }
-
-    /// The number itself (for the store and the wire).
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-
     /// The position right after this one.
     pub fn next(self) -> Self {
-        ServerSeq(self.0 + 1)
-    }
-
-    /// The position `n` after this one.
-    pub fn plus(self, n: u64) -> Self {
-        ServerSeq(self.0 + n)
+        self.plus(1)
     }
 }
 
-impl fmt::Display for ServerSeq {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Debug for ServerSeq {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// A position in one channel's journal: how many of the channel's records
-/// come before it. Not a [`ServerSeq`]: every channel counts its own.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct JournalPos(u64);
-
-impl JournalPos {
-    /// Before the channel's first record.
-    pub const ZERO: JournalPos = JournalPos(0);
-
-    /// The position after `n` records.
-    pub const fn new(n: u64) -> Self {
-        JournalPos(n)
-    }
-
-    /// The number of records before it (for the store).
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-
-    /// The position `n` records further.
-    pub fn plus(self, n: u64) -> Self {
-        JournalPos(self.0 + n)
-    }
-}
-
-impl fmt::Display for JournalPos {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Debug for JournalPos {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
+position! {
+    /// A position in one channel's journal: how many of the channel's
+    /// records come before it. Not a [`ServerSeq`]: every channel counts its
+    /// own.
+    JournalPos
 }
 
 /// Identifies one WebSocket connection for the life of the process.
