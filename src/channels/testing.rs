@@ -14,7 +14,8 @@ use tokio::sync::{mpsc, watch};
 use super::agent::{Agent, AgentDirectory, AgentTurn};
 use super::core::Shared;
 use super::registry::{Channel, ChannelAddr};
-use super::root::RootActor;
+use super::root::{CreateSession, RootActor};
+use super::session::SessionActor;
 use super::Subscribe;
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::publish::{Hub, Outbound};
@@ -82,6 +83,26 @@ impl TestJournal {
     pub fn open_sync(&self, open: bool) {
         *self.sync_open.0.lock() = open;
         self.sync_open.1.notify_all();
+    }
+
+    /// Wait until the store barrier (`sync`) is reached, and return every
+    /// event before it.
+    pub async fn events_before_sync(&self) -> Vec<String> {
+        self.wait_event("a store barrier", |e| e == "sync").await;
+        let mut events = self.events();
+        let barrier = events.iter().position(|e| e == "sync");
+        events.truncate(barrier.unwrap_or(events.len()));
+        events
+    }
+
+    /// Release a held `sync` and return the answer of `held`, the request
+    /// that waited for it (failing after [`WAIT`]).
+    pub async fn release_sync<T>(&self, held: tokio::task::JoinHandle<T>) -> T {
+        self.open_sync(true);
+        tokio::time::timeout(WAIT, held)
+            .await
+            .expect("answered once the store barrier passed")
+            .expect("the request's task runs")
     }
 }
 
@@ -231,6 +252,26 @@ pub async fn root(shared: &Arc<Shared>) -> (Addr<RootActor>, Arc<Outbound>) {
     .expect("root is running")
     .expect("root subscribes");
     (root, watcher)
+}
+
+/// Create session `uri` through `root` and return its actor.
+pub async fn session(
+    shared: &Arc<Shared>,
+    root: &Addr<RootActor>,
+    uri: &str,
+) -> Addr<SessionActor> {
+    root.send(CreateSession {
+        uri: uri.into(),
+        owner: None,
+        provider: None,
+    })
+    .await
+    .expect("root runs")
+    .expect("created");
+    match shared.registry.get(uri).map(|c| c.addr) {
+        Some(ChannelAddr::Session(session)) => session,
+        _ => panic!("session {uri} is registered"),
+    }
 }
 
 /// The text frames queued on `conn` since the last call.

@@ -10,7 +10,6 @@ use ahp_types::state::ChatInputRequest;
 use serde_json::json;
 
 use crate::channels::registry::ChannelAddr;
-use crate::channels::root::CreateSession;
 use crate::channels::session::GetSessionState;
 use crate::channels::testing::{self, TestAgents, TestJournal, WAIT};
 use crate::channels::ClientDispatch;
@@ -37,19 +36,7 @@ async fn a_failed_append_aborts_the_interactions_open_in_the_chat() {
     let (agents, mut turns) = TestAgents::new();
     let shared = testing::shared(journal.clone(), agents);
     let (root, _) = testing::root(&shared).await;
-    let session_uri = "ahp-session:/s";
-    root.send(CreateSession {
-        uri: session_uri.into(),
-        owner: None,
-        provider: None,
-    })
-    .await
-    .expect("root runs")
-    .expect("created");
-    let Some(ChannelAddr::Session(session)) = shared.registry.get(session_uri).map(|c| c.addr)
-    else {
-        panic!("the session is registered");
-    };
+    let session = testing::session(&shared, &root, "ahp-session:/s").await;
     let chat_uri = session
         .send(GetSessionState)
         .await

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use super::{CreateSession, ListSessions, RemoveSession};
-use crate::channels::registry::ChannelAddr;
 use crate::channels::session::GetSessionState;
 use crate::channels::testing::{self, TestAgents, TestJournal, WAIT};
 
@@ -88,13 +87,7 @@ async fn a_disposed_session_is_announced_gone_only_once_its_removal_is_stored() 
     let shared = testing::shared(journal.clone(), agents);
     let (root, watcher) = testing::root(&shared).await;
     let uri = "ahp-session:/gone";
-    root.send(create(uri))
-        .await
-        .expect("root runs")
-        .expect("created");
-    let Some(ChannelAddr::Session(session)) = shared.registry.get(uri).map(|c| c.addr) else {
-        panic!("the session is registered");
-    };
+    let session = testing::session(&shared, &root, uri).await;
     let chat = session
         .send(GetSessionState)
         .await
@@ -105,18 +98,11 @@ async fn a_disposed_session_is_announced_gone_only_once_its_removal_is_stored() 
 
     journal.open_sync(false);
     let removed = actix::spawn(root.send(RemoveSession { uri: uri.into() }));
-    journal
-        .wait_event("a store barrier after the removal", |e| e == "sync")
-        .await;
-    let events = journal.events();
-    let barrier = events.iter().position(|e| e == "sync").expect("synced");
+    let before = journal.events_before_sync().await;
     for channel in [uri, chat.as_str()] {
-        let queued = events
-            .iter()
-            .position(|e| *e == format!("remove {channel}"));
         assert!(
-            queued.is_some_and(|q| q < barrier),
-            "{channel} removed before the barrier: {events:?}"
+            before.contains(&format!("remove {channel}")),
+            "{channel} removed before the barrier: {before:?}"
         );
     }
     let early = testing::frames(&watcher);
@@ -131,9 +117,8 @@ async fn a_disposed_session_is_announced_gone_only_once_its_removal_is_stored() 
         "acknowledged before the removal is stored"
     );
 
-    journal.open_sync(true);
-    let reply = tokio::time::timeout(WAIT, removed).await;
-    assert!(matches!(reply, Ok(Ok(Ok(Ok(()))))), "{reply:?}");
+    let reply = journal.release_sync(removed).await;
+    assert!(matches!(reply, Ok(Ok(()))), "{reply:?}");
     let seen = testing::frames(&watcher);
     assert!(position(&seen, "root/sessionRemoved").is_some(), "{seen:?}");
     assert!(

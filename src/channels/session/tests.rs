@@ -4,9 +4,7 @@
 use std::sync::Arc;
 
 use super::{CreateChat, RemoveChat};
-use crate::channels::registry::ChannelAddr;
-use crate::channels::root::CreateSession;
-use crate::channels::testing::{self, TestAgents, TestJournal, WAIT};
+use crate::channels::testing::{self, TestAgents, TestJournal};
 use crate::ids::ChannelUri;
 
 #[actix::test]
@@ -15,19 +13,7 @@ async fn a_removed_chat_is_acknowledged_only_once_its_removal_is_stored() {
     let (agents, _turns) = TestAgents::new();
     let shared = testing::shared(journal.clone(), agents);
     let (root, _) = testing::root(&shared).await;
-    let session_uri = "ahp-session:/s";
-    root.send(CreateSession {
-        uri: session_uri.into(),
-        owner: None,
-        provider: None,
-    })
-    .await
-    .expect("root runs")
-    .expect("created");
-    let Some(ChannelAddr::Session(session)) = shared.registry.get(session_uri).map(|c| c.addr)
-    else {
-        panic!("the session is registered");
-    };
+    let session = testing::session(&shared, &root, "ahp-session:/s").await;
     let chat = ChannelUri::from("ahp-chat:/extra");
     session
         .send(CreateChat { chat: chat.clone() })
@@ -42,31 +28,24 @@ async fn a_removed_chat_is_acknowledged_only_once_its_removal_is_stored() {
 
     journal.open_sync(false);
     let removed = actix::spawn(session.send(RemoveChat { chat: chat.clone() }));
-    journal
-        .wait_event("a store barrier after the removal", |e| e == "sync")
-        .await;
-    let events = journal.events();
-    let barrier = events.iter().position(|e| e == "sync").expect("synced");
-    let forgotten = events.iter().position(|e| *e == format!("remove {chat}"));
+    let before = journal.events_before_sync().await;
     assert!(
-        forgotten.is_some_and(|f| f < barrier),
-        "the chat's records are queued for removal before the barrier: {events:?}"
+        before.contains(&format!("remove {chat}")),
+        "the chat's records are queued for removal before the barrier: {before:?}"
     );
-    let uncataloged = events
-        .iter()
-        .position(|e| e.starts_with("append") && e.contains("session/chatRemoved"));
     assert!(
-        uncataloged.is_some_and(|u| u < barrier),
-        "the catalog's removal is journaled before the barrier: {events:?}"
+        before
+            .iter()
+            .any(|e| e.starts_with("append") && e.contains("session/chatRemoved")),
+        "the catalog's removal is journaled before the barrier: {before:?}"
     );
     assert!(
         !removed.is_finished(),
         "acknowledged before the removal is stored"
     );
 
-    journal.open_sync(true);
-    let reply = tokio::time::timeout(WAIT, removed).await;
-    assert!(matches!(reply, Ok(Ok(Ok(Ok(()))))), "{reply:?}");
+    let reply = journal.release_sync(removed).await;
+    assert!(matches!(reply, Ok(Ok(()))), "{reply:?}");
     assert!(
         shared.registry.get(&chat).is_none(),
         "gone from the registry"
