@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod acp_agent;
 mod admission;
 mod bad_input;
 mod collaboration;
