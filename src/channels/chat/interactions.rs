@@ -4,8 +4,8 @@
 
 use actix::prelude::*;
 use ahp_types::actions::{
-    ChatInputCompletedAction, ChatInputRequestedAction, ChatToolCallReadyAction,
-    ChatToolCallStartAction, StateAction,
+    ChatInputCompletedAction, ChatInputRequestedAction, ChatToolCallConfirmedAction,
+    ChatToolCallReadyAction, ChatToolCallStartAction, StateAction,
 };
 use ahp_types::state::{
     ChatInputRequest, ChatInputResponseKind, ToolCallConfirmationReason, ToolInput,
@@ -15,7 +15,22 @@ use tokio::sync::oneshot;
 use super::{find_input, find_tool, ChatActor, PendingInput, PendingTool};
 use crate::channels::commit::ChannelActor;
 use crate::channels::session::ApprovalCheckpoint;
-use crate::interactions::{form, link, policy, tool_options, Interaction, Outcome, Settlement};
+use crate::interactions::policy::Auto;
+use crate::interactions::{
+    confirmation_options, form, link, policy, tool_options, Interaction, Outcome, Settlement,
+    ToolOption,
+};
+
+/// A tool call to put up for confirmation.
+struct ToolAsk {
+    turn_id: String,
+    tool_call_id: String,
+    tool_name: String,
+    input: String,
+    editable: bool,
+    /// The agent's own options, if it brought them.
+    options: Option<Vec<ToolOption>>,
+}
 
 /// An agent waits for a person.
 #[derive(Message)]
@@ -103,54 +118,48 @@ impl ChatActor {
                 input,
                 read_only,
                 editable,
+                options,
             } => {
+                let ask = ToolAsk {
+                    turn_id,
+                    tool_call_id,
+                    tool_name,
+                    input,
+                    editable,
+                    options,
+                };
                 if !policy::needs_approval(read_only) {
-                    self.open_tool(
-                        ctx,
-                        turn_id,
-                        tool_call_id,
-                        tool_name,
-                        input,
-                        editable,
-                        Some(ToolCallConfirmationReason::NotNeeded),
-                        reply,
-                    );
+                    let auto = Auto::Approve(ToolCallConfirmationReason::NotNeeded);
+                    self.open_tool(ctx, ask, auto, reply);
                     return;
                 }
                 // The approval checkpoint: the session's policy as of now.
                 let check = self.session_addr.send(ApprovalCheckpoint {
-                    tool_name: tool_name.clone(),
+                    tool_name: ask.tool_name.clone(),
                 });
                 ctx.wait(check.into_actor(self).map(move |auto, act, ctx| {
-                    let auto = auto.ok().flatten();
-                    act.open_tool(
-                        ctx,
-                        turn_id,
-                        tool_call_id,
-                        tool_name,
-                        input,
-                        editable,
-                        auto,
-                        reply,
-                    );
+                    act.open_tool(ctx, ask, auto.unwrap_or(Auto::Ask), reply);
                 }));
             }
         }
     }
 
-    /// Put a tool call up for confirmation, or auto-confirm it with `auto`.
-    #[allow(clippy::too_many_arguments)]
+    /// Put a tool call up for confirmation, or decide it by `auto`.
     fn open_tool(
         &mut self,
         ctx: &mut Context<Self>,
-        turn_id: String,
-        tool_call_id: String,
-        tool_name: String,
-        input: String,
-        editable: bool,
-        auto: Option<ToolCallConfirmationReason>,
+        ask: ToolAsk,
+        auto: Auto,
         reply: oneshot::Sender<Settlement>,
     ) {
+        let ToolAsk {
+            turn_id,
+            tool_call_id,
+            tool_name,
+            input,
+            editable,
+            options,
+        } = ask;
         if self.state.active_turn.as_ref().map(|t| t.id.as_str()) != Some(turn_id.as_str()) {
             let _ = reply.send(Settlement::with_reason(
                 Outcome::Aborted,
@@ -170,6 +179,14 @@ impl ChatActor {
                 contributor: None,
             }));
         }
+        let confirmed = match &auto {
+            Auto::Approve(reason) => Some(reason.clone()),
+            Auto::Ask | Auto::Deny => None,
+        };
+        let offered = match &options {
+            Some(o) => confirmation_options(o),
+            None => tool_options(),
+        };
         actions.push(StateAction::ChatToolCallReady(ChatToolCallReadyAction {
             turn_id: turn_id.clone(),
             tool_call_id: tool_call_id.clone(),
@@ -182,20 +199,56 @@ impl ChatActor {
             risk_assessment: None,
             edits: None,
             editable: Some(editable),
-            confirmed: auto.clone(),
-            options: auto.is_none().then(tool_options),
+            confirmed: confirmed.clone(),
+            options: confirmed.is_none().then_some(offered),
         }));
         match auto {
-            Some(reason) => {
+            Auto::Approve(reason) => {
                 let _ = reply.send(Settlement {
                     approved: Some(true),
                     reason: Some(policy::auto_reason(&reason).into()),
                     ..Settlement::bare(Outcome::Approved)
                 });
             }
-            None => {
-                self.tools
-                    .insert(tool_call_id, PendingTool { turn_id, reply });
+            Auto::Deny => {
+                // Refused by the session's denial of this tool: shown as a
+                // denial every client sees, decided by the host.
+                let reason = format!("`{tool_name}` is refused for this session");
+                actions.push(StateAction::ChatToolCallConfirmed(
+                    ChatToolCallConfirmedAction {
+                        turn_id: turn_id.clone(),
+                        tool_call_id: tool_call_id.clone(),
+                        meta: None,
+                        approved: false,
+                        confirmed: None,
+                        reason: None,
+                        edited_tool_input: None,
+                        user_suggestion: None,
+                        reason_message: Some(reason.clone().into()),
+                        selected_option_id: None,
+                    },
+                ));
+                let _ = reply.send(Settlement {
+                    approved: Some(false),
+                    reason: Some(reason),
+                    ..Settlement::bare(Outcome::Denied)
+                });
+            }
+            Auto::Ask => {
+                let always = options
+                    .iter()
+                    .flatten()
+                    .filter(|o| o.kind.always())
+                    .map(|o| (o.id.clone(), o.kind.allows()))
+                    .collect();
+                self.tools.insert(
+                    tool_call_id,
+                    PendingTool {
+                        turn_id,
+                        reply,
+                        always,
+                    },
+                );
             }
         }
         self.host_actions(ctx, actions, None);

@@ -5,7 +5,7 @@ mod approval;
 mod chats;
 mod state;
 
-pub use approval::{ApprovalCheckpoint, GrantTool, TurnCheckpoint};
+pub use approval::{AgentNote, ApprovalCheckpoint, GrantTool, TurnCheckpoint, AGENT_NOTES_META};
 pub use chats::{
     ChatSummaryChanged, CreateChat, DisposeSession, ListPending, RemoveChat, RollupChanged,
 };
