@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use crate::store::Durability;
 
+pub mod agents;
+
+pub use agents::AgentSpec;
+
 /// How the server runs. `Default` is what `tandem serve` uses without flags.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -57,6 +61,8 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// How often the server pings an idle socket.
     pub heartbeat_interval: Duration,
+    /// ACP agents the operator declared (`--agent`, `[[agents]]`).
+    pub agents: Vec<AgentSpec>,
 }
 
 /// Per-server, per-token and per-connection limits. Each names what a client
@@ -168,6 +174,7 @@ impl Default for Config {
             actor_threads: cores,
             idle_timeout: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(20),
+            agents: Vec::new(),
         }
     }
 }

@@ -58,7 +58,71 @@ pub enum Interaction {
         /// Whether the person may edit the input before approving.
         #[serde(default)]
         editable: bool,
+        /// The agent's own choices (an ACP agent's permission options);
+        /// `None` offers the host's ([`tool_options`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        options: Option<Vec<ToolOption>>,
     },
+}
+
+/// A choice an agent offers for one tool call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolOption {
+    /// The agent's id for it (what the settlement's `selected_option_id`
+    /// carries back).
+    pub id: String,
+    /// What people see.
+    pub label: String,
+    /// What choosing it means.
+    pub kind: ToolOptionKind,
+}
+
+/// What choosing a [`ToolOption`] means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ToolOptionKind {
+    /// Run this call.
+    AllowOnce,
+    /// Run this call and, for the rest of the session, every call of the
+    /// same tool without asking (a session grant).
+    AllowAlways,
+    /// Do not run this call.
+    RejectOnce,
+    /// Do not run this call nor, for the rest of the session, any call of
+    /// the same tool (a session denial).
+    RejectAlways,
+}
+
+impl ToolOptionKind {
+    /// Whether it lets the call run.
+    pub fn allows(self) -> bool {
+        matches!(self, Self::AllowOnce | Self::AllowAlways)
+    }
+
+    /// Whether it decides for later calls too.
+    pub fn always(self) -> bool {
+        matches!(self, Self::AllowAlways | Self::RejectAlways)
+    }
+}
+
+/// An agent's options as AHP confirmation options (approvals in group 0,
+/// rejections in group 1, in the agent's order).
+pub fn confirmation_options(options: &[ToolOption]) -> Vec<ahp_types::state::ConfirmationOption> {
+    use ahp_types::state::{ConfirmationOption, ConfirmationOptionKind};
+    options
+        .iter()
+        .map(|o| ConfirmationOption {
+            id: o.id.clone(),
+            label: o.label.clone(),
+            kind: if o.kind.allows() {
+                ConfirmationOptionKind::Approve
+            } else {
+                ConfirmationOptionKind::Deny
+            },
+            group: Some(if o.kind.allows() { 0 } else { 1 }),
+        })
+        .collect()
 }
 
 impl Interaction {

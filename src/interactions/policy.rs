@@ -17,6 +17,8 @@ pub const APPROVAL_MODE: &str = "approvalMode";
 pub const EFFECTIVE_MODE_META: &str = "tandem/effectiveApprovalMode";
 /// `_meta` key: tool names approved for the whole session.
 pub const GRANTS_META: &str = "tandem/toolGrants";
+/// `_meta` key: tool names refused for the whole session.
+pub const DENIALS_META: &str = "tandem/toolDenials";
 /// The default mode: tool calls that change data wait for a person.
 pub const ASK: &str = "ask";
 /// The mode where tool calls run without asking.
@@ -80,26 +82,77 @@ pub fn checkpoint(
 
 /// Whether calls of `tool` are approved for the whole session.
 pub fn granted(meta: Option<&Map<String, Value>>, tool: &str) -> bool {
-    meta.and_then(|m| m.get(GRANTS_META))
+    listed(meta, GRANTS_META, tool)
+}
+
+/// Whether calls of `tool` are refused for the whole session ("reject
+/// always" on an agent's own options).
+pub fn denied(meta: Option<&Map<String, Value>>, tool: &str) -> bool {
+    listed(meta, DENIALS_META, tool)
+}
+
+/// Record a grant for `tool` (taking back a denial of it): the session's new
+/// `_meta`, or `None` when the tool is granted already.
+pub fn grant(meta: Option<&Map<String, Value>>, tool: &str) -> Option<Map<String, Value>> {
+    record(meta, GRANTS_META, DENIALS_META, tool)
+}
+
+/// Record a denial for `tool` (taking back a grant of it): the session's new
+/// `_meta`, or `None` when the tool is denied already.
+pub fn deny(meta: Option<&Map<String, Value>>, tool: &str) -> Option<Map<String, Value>> {
+    record(meta, DENIALS_META, GRANTS_META, tool)
+}
+
+fn listed(meta: Option<&Map<String, Value>>, key: &str, tool: &str) -> bool {
+    meta.and_then(|m| m.get(key))
         .and_then(Value::as_array)
         .is_some_and(|g| g.iter().any(|t| t.as_str() == Some(tool)))
 }
 
-/// Record a grant for `tool`: the session's new `_meta`, or `None` when the
-/// tool is granted already.
-pub fn grant(meta: Option<&Map<String, Value>>, tool: &str) -> Option<Map<String, Value>> {
-    if granted(meta, tool) {
+fn record(
+    meta: Option<&Map<String, Value>>,
+    into: &str,
+    out_of: &str,
+    tool: &str,
+) -> Option<Map<String, Value>> {
+    if listed(meta, into, tool) {
         return None;
     }
     let mut meta = meta.cloned().unwrap_or_default();
-    let mut grants = meta
-        .get(GRANTS_META)
+    let mut list = meta
+        .get(into)
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    grants.push(Value::from(tool));
-    meta.insert(GRANTS_META.to_owned(), Value::Array(grants));
+    list.push(Value::from(tool));
+    meta.insert(into.to_owned(), Value::Array(list));
+    if let Some(Value::Array(other)) = meta.get_mut(out_of) {
+        other.retain(|t| t.as_str() != Some(tool));
+    }
     Some(meta)
+}
+
+/// What the session's policy says about a tool call that needs approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Auto {
+    /// A person decides.
+    Ask,
+    /// Confirmed without asking, for this reason.
+    Approve(ToolCallConfirmationReason),
+    /// Refused without asking (the tool is denied for the session).
+    Deny,
+}
+
+/// The decision at a checkpoint: a denial of this very tool wins, then the
+/// mode or a grant approves, otherwise a person is asked.
+pub fn decide(mode: &str, granted: bool, denied: bool) -> Auto {
+    if denied {
+        return Auto::Deny;
+    }
+    match auto_confirmation(mode, granted) {
+        Some(reason) => Auto::Approve(reason),
+        None => Auto::Ask,
+    }
 }
 
 /// How a tool call that needs approval is confirmed at a checkpoint, given
@@ -318,5 +371,19 @@ mod tests {
         );
         // At the checkpoint, without mode or grant, it becomes pending.
         assert_eq!(auto_confirmation(ASK, false), None);
+    }
+
+    #[test]
+    fn a_denial_wins_over_mode_and_takes_back_a_grant() {
+        let granted = grant(Some(&initial_meta()), "rm").expect("granted");
+        let denied_meta = deny(Some(&granted), "rm").expect("denied");
+        assert!(denied(Some(&denied_meta), "rm"));
+        assert!(!super::granted(Some(&denied_meta), "rm"), "the grant is taken back");
+        assert_eq!(deny(Some(&denied_meta), "rm"), None, "recorded once");
+        assert_eq!(decide(ALWAYS_ALLOW, false, true), Auto::Deny);
+        assert_eq!(decide(ASK, true, false), Auto::Approve(ToolCallConfirmationReason::Setting));
+        assert_eq!(decide(ASK, false, false), Auto::Ask);
+        let regranted = grant(Some(&denied_meta), "rm").expect("granted again");
+        assert!(!denied(Some(&regranted), "rm"));
     }
 }

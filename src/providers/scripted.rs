@@ -157,6 +157,7 @@ async fn tool(
     let tool_call_id = format!("call-{}", uuid::Uuid::new_v4());
     let s = h
         .interact(Interaction::ToolApproval {
+            options: None,
             tool_call_id: tool_call_id.clone(),
             tool_name: name.into(),
             input: input.into(),

@@ -13,6 +13,7 @@ use crate::channels::commit::ChannelActor;
 use crate::channels::core::Accepted;
 use crate::channels::session::ApprovalCheckpoint;
 use crate::channels::validate::{self, Rejection};
+use crate::interactions::policy::Auto;
 use crate::interactions::{link, policy, tool_options};
 use crate::publish::Outbound;
 
@@ -25,6 +26,11 @@ pub const READ_ONLY_META: &str = "tandem/readOnly";
 pub struct AgentAction {
     /// The action.
     pub action: StateAction,
+    /// A tool call the agent process runs on its own decision (an ACP agent
+    /// that did not ask): its `chat/toolCallReady` reports what happens and
+    /// is not held at the approval checkpoint, which is for confirmations
+    /// the host gives. Only in-process agents can say this.
+    pub reported: bool,
     /// Answered once the action is published (or refused).
     pub reply: oneshot::Sender<Result<(), Rejection>>,
 }
@@ -33,6 +39,9 @@ impl Handler<AgentAction> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, msg: AgentAction, ctx: &mut Self::Context) {
+        if msg.reported && matches!(msg.action, StateAction::ChatToolCallReady(_)) {
+            return self.agent_commit(ctx, msg.action, None, Some(msg.reply));
+        }
         self.agent_action(ctx, msg.action, None, Some(msg.reply));
     }
 }
@@ -102,9 +111,11 @@ impl ChatActor {
                 let check = self.session_addr.send(ApprovalCheckpoint { tool_name });
                 let mut ready = r.clone();
                 ctx.wait(check.into_actor(self).map(move |auto, act, ctx| {
-                    match auto.ok().flatten() {
-                        Some(reason) => ready.confirmed = Some(reason),
-                        None => {
+                    match auto.unwrap_or(Auto::Ask) {
+                        Auto::Approve(reason) => ready.confirmed = Some(reason),
+                        // A denied tool is put to a person too: the host
+                        // refuses only what it is asked to confirm.
+                        Auto::Ask | Auto::Deny => {
                             ready.confirmed = None;
                             ready.options.get_or_insert_with(tool_options);
                         }

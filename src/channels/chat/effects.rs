@@ -66,9 +66,17 @@ impl ChatActor {
             }
             StateAction::ChatInputCompleted(a) => self.settle_input_completed(&a),
             StateAction::ChatToolCallConfirmed(a) => {
-                if policy::grants_for_session(a.approved, a.selected_option_id.as_deref()) {
+                let option = a.selected_option_id.as_deref();
+                let records = match self.tools.get(&a.tool_call_id) {
+                    Some(p) => p.records(a.approved, option),
+                    None => policy::grants_for_session(a.approved, option).then_some(true),
+                };
+                if let Some(allow) = records {
                     if let Some(name) = tool_name_of(&self.state, &a.tool_call_id) {
-                        self.session_addr.do_send(GrantTool { tool_name: name });
+                        self.session_addr.do_send(GrantTool {
+                            tool_name: name,
+                            allow,
+                        });
                     }
                 }
                 if let Some(p) = self.tools.remove(&a.tool_call_id) {

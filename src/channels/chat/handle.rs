@@ -41,12 +41,34 @@ impl ChatHandle {
     /// Send an action; resolves once it is published, or with the reason it
     /// was refused (e.g. the turn was cancelled meanwhile).
     pub async fn emit(&self, action: StateAction) -> Result<(), Rejection> {
+        self.send(action, false).await
+    }
+
+    /// Report a `chat/toolCallReady` for a tool call the agent process runs
+    /// on its own decision (it did not ask): published as the agent says,
+    /// not held at the session's approval checkpoint.
+    pub async fn report(&self, action: StateAction) -> Result<(), Rejection> {
+        self.send(action, true).await
+    }
+
+    async fn send(&self, action: StateAction, reported: bool) -> Result<(), Rejection> {
         let (reply, rx) = oneshot::channel();
         self.addr
-            .send(AgentAction { action, reply })
+            .send(AgentAction {
+                action,
+                reported,
+                reply,
+            })
             .await
             .map_err(|_| Rejection::new("the chat is gone"))?;
         rx.await.map_err(|_| Rejection::new("the chat is gone"))?
+    }
+
+    /// Keep something the agent said about this chat that has no AHP action
+    /// (its commands, its mode, …) in the session's `_meta`
+    /// (`tandem/agent` → chat → `key`). Fire and forget.
+    pub fn note(&self, key: String, value: serde_json::Value) {
+        self.addr.do_send(NoteForSession { key, value });
     }
 
     /// Wait for a person. Always resolves, exactly once: a chat that goes away
@@ -63,5 +85,25 @@ impl ChatHandle {
         }
         rx.await
             .unwrap_or_else(|_| Settlement::with_reason(Outcome::Aborted, "the chat is gone"))
+    }
+}
+
+/// A note from the chat's agent, passed on to the session.
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+struct NoteForSession {
+    key: String,
+    value: serde_json::Value,
+}
+
+impl actix::Handler<NoteForSession> for ChatActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: NoteForSession, _: &mut Self::Context) {
+        self.session_addr.do_send(crate::channels::session::AgentNote {
+            chat: self.core.uri.to_string(),
+            key: msg.key,
+            value: msg.value,
+        });
     }
 }

@@ -4,8 +4,8 @@
 
 use actix::prelude::*;
 use ahp_types::actions::{
-    ChatInputCompletedAction, ChatInputRequestedAction, ChatToolCallReadyAction,
-    ChatToolCallStartAction, StateAction,
+    ChatInputCompletedAction, ChatInputRequestedAction, ChatToolCallConfirmedAction,
+    ChatToolCallReadyAction, ChatToolCallStartAction, StateAction,
 };
 use ahp_types::state::{
     ChatInputRequest, ChatInputResponseKind, ToolCallConfirmationReason, ToolInput,
@@ -15,7 +15,11 @@ use tokio::sync::oneshot;
 use super::{find_input, find_tool, ChatActor, PendingInput, PendingTool};
 use crate::channels::commit::ChannelActor;
 use crate::channels::session::ApprovalCheckpoint;
-use crate::interactions::{form, link, policy, tool_options, Interaction, Outcome, Settlement};
+use crate::interactions::policy::Auto;
+use crate::interactions::{
+    confirmation_options, form, link, policy, tool_options, Interaction, Outcome, Settlement,
+    ToolOption,
+};
 
 /// An agent waits for a person.
 #[derive(Message)]
@@ -52,6 +56,8 @@ struct ToolAsk {
     tool_name: String,
     input: String,
     editable: bool,
+    /// The agent's own options, if it brought them.
+    options: Option<Vec<ToolOption>>,
     reply: oneshot::Sender<Settlement>,
 }
 
@@ -125,6 +131,7 @@ impl ChatActor {
                 input,
                 read_only,
                 editable,
+                options,
             } => {
                 let ask = ToolAsk {
                     turn_id,
@@ -132,31 +139,30 @@ impl ChatActor {
                     tool_name,
                     input,
                     editable,
+                    options,
                     reply,
                 };
                 if !policy::needs_approval(read_only) {
-                    let auto = Some(ToolCallConfirmationReason::NotNeeded);
+                    let auto = Auto::Approve(ToolCallConfirmationReason::NotNeeded);
                     return self.open_tool(ctx, ask, auto);
                 }
                 // The approval checkpoint: the session's policy as of now.
                 let check = self.session_addr.send(ApprovalCheckpoint {
                     tool_name: ask.tool_name.clone(),
                 });
-                ctx.wait(
-                    check
-                        .into_actor(self)
-                        .map(move |auto, act, ctx| act.open_tool(ctx, ask, auto.ok().flatten())),
-                );
+                ctx.wait(check.into_actor(self).map(move |auto, act, ctx| {
+                    act.open_tool(ctx, ask, auto.unwrap_or(Auto::Ask))
+                }));
             }
         }
     }
 
-    /// Put a tool call up for confirmation, or auto-confirm it with `auto`.
+    /// Put a tool call up for confirmation, or decide it by `auto`.
     fn open_tool(
         &mut self,
         ctx: &mut Context<Self>,
         ask: ToolAsk,
-        auto: Option<ToolCallConfirmationReason>,
+        auto: Auto,
     ) {
         let Some(reply) = self.on_active_turn(&ask.turn_id, ask.reply) else {
             return;
@@ -167,6 +173,7 @@ impl ChatActor {
             tool_name,
             input,
             editable,
+            options,
             ..
         } = ask;
         let mut actions = Vec::new();
@@ -181,6 +188,14 @@ impl ChatActor {
                 contributor: None,
             }));
         }
+        let confirmed = match &auto {
+            Auto::Approve(reason) => Some(reason.clone()),
+            Auto::Ask | Auto::Deny => None,
+        };
+        let offered = match &options {
+            Some(o) => confirmation_options(o),
+            None => tool_options(),
+        };
         actions.push(StateAction::ChatToolCallReady(ChatToolCallReadyAction {
             turn_id: turn_id.clone(),
             tool_call_id: tool_call_id.clone(),
@@ -193,20 +208,56 @@ impl ChatActor {
             risk_assessment: None,
             edits: None,
             editable: Some(editable),
-            confirmed: auto.clone(),
-            options: auto.is_none().then(tool_options),
+            confirmed: confirmed.clone(),
+            options: confirmed.is_none().then_some(offered),
         }));
         match auto {
-            Some(reason) => {
+            Auto::Approve(reason) => {
                 let _ = reply.send(Settlement {
                     approved: Some(true),
                     reason: Some(policy::auto_reason(&reason).into()),
                     ..Settlement::bare(Outcome::Approved)
                 });
             }
-            None => {
-                self.tools
-                    .insert(tool_call_id, PendingTool { turn_id, reply });
+            Auto::Deny => {
+                // Refused by the session's denial of this tool: shown as a
+                // denial every client sees, decided by the host.
+                let reason = format!("`{tool_name}` is refused for this session");
+                actions.push(StateAction::ChatToolCallConfirmed(
+                    ChatToolCallConfirmedAction {
+                        turn_id: turn_id.clone(),
+                        tool_call_id: tool_call_id.clone(),
+                        meta: None,
+                        approved: false,
+                        confirmed: None,
+                        reason: None,
+                        edited_tool_input: None,
+                        user_suggestion: None,
+                        reason_message: Some(reason.clone().into()),
+                        selected_option_id: None,
+                    },
+                ));
+                let _ = reply.send(Settlement {
+                    approved: Some(false),
+                    reason: Some(reason),
+                    ..Settlement::bare(Outcome::Denied)
+                });
+            }
+            Auto::Ask => {
+                let always = options
+                    .iter()
+                    .flatten()
+                    .filter(|o| o.kind.always())
+                    .map(|o| (o.id.clone(), o.kind.allows()))
+                    .collect();
+                self.tools.insert(
+                    tool_call_id,
+                    PendingTool {
+                        turn_id,
+                        reply,
+                        always,
+                    },
+                );
             }
         }
         self.host_actions(ctx, actions, None);

@@ -48,7 +48,7 @@ use super::session::SessionActor;
 use super::validate::{self, Rejection};
 use super::ClientDispatch;
 use crate::ids::ChannelUri;
-use crate::interactions::{Outcome, Settlement};
+use crate::interactions::{policy, Outcome, Settlement};
 use crate::publish::{Hub, ServerSeq};
 use crate::store::TurnRecord;
 use crate::time::{millis_since, now_rfc3339};
@@ -70,6 +70,21 @@ struct PendingInput {
 struct PendingTool {
     turn_id: String,
     reply: oneshot::Sender<Settlement>,
+    /// The agent's options that decide later calls too: option id → whether
+    /// it allows (a grant) or refuses (a denial).
+    always: Vec<(String, bool)>,
+}
+
+impl PendingTool {
+    /// What choosing `option` records for the session: `Some(true)` a grant,
+    /// `Some(false)` a denial.
+    fn records(&self, approved: bool, option: Option<&str>) -> Option<bool> {
+        let option = option?;
+        match self.always.iter().find(|(id, _)| id == option) {
+            Some((_, allows)) => Some(*allows),
+            None => policy::grants_for_session(approved, Some(option)).then_some(true),
+        }
+    }
 }
 
 /// One chat channel.

@@ -5,7 +5,6 @@
 
 use actix::prelude::*;
 use ahp_types::actions::{SessionMetaChangedAction, StateAction};
-use ahp_types::state::ToolCallConfirmationReason;
 use serde_json::{Map, Value};
 
 use super::SessionActor;
@@ -13,9 +12,9 @@ use crate::channels::commit::ChannelActor;
 use crate::interactions::policy;
 
 /// A tool call needs approval: apply any pending approval-mode change (this is
-/// a checkpoint) and say whether policy confirms it without asking.
+/// a checkpoint) and say whether policy decides it without asking.
 #[derive(Message)]
-#[rtype(result = "Option<ToolCallConfirmationReason>")]
+#[rtype(result = "policy::Auto")]
 pub struct ApprovalCheckpoint {
     /// The tool being called.
     pub tool_name: String,
@@ -40,30 +39,86 @@ impl SessionActor {
 }
 
 impl Handler<ApprovalCheckpoint> for SessionActor {
-    type Result = Option<ToolCallConfirmationReason>;
+    type Result = MessageResult<ApprovalCheckpoint>;
 
     fn handle(&mut self, msg: ApprovalCheckpoint, ctx: &mut Self::Context) -> Self::Result {
         let mode = self.checkpoint(ctx);
-        let granted = policy::granted(self.state.meta.as_ref(), &msg.tool_name);
-        policy::auto_confirmation(&mode, granted)
+        let meta = self.state.meta.as_ref();
+        MessageResult(policy::decide(
+            &mode,
+            policy::granted(meta, &msg.tool_name),
+            policy::denied(meta, &msg.tool_name),
+        ))
     }
 }
 
-/// "Approve for this session" was chosen for a tool.
+/// "Approve for this session" (or an agent's "allow always") was chosen for
+/// a tool — or an agent's "reject always" (`allow: false`).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct GrantTool {
-    /// The tool now approved for the session.
+    /// The tool now decided for the session.
     pub tool_name: String,
+    /// Approved (a grant) or refused (a denial).
+    pub allow: bool,
 }
 
 impl Handler<GrantTool> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: GrantTool, ctx: &mut Self::Context) {
-        if let Some(meta) = policy::grant(self.state.meta.as_ref(), &msg.tool_name) {
+        let meta = self.state.meta.as_ref();
+        let changed = if msg.allow {
+            policy::grant(meta, &msg.tool_name)
+        } else {
+            policy::deny(meta, &msg.tool_name)
+        };
+        if let Some(meta) = changed {
             self.set_meta(ctx, meta);
         }
+    }
+}
+
+/// Something an agent said about one of the session's chats that has no AHP
+/// action of its own (its commands, its mode, …): kept in the session's
+/// `_meta` under `tandem/agent` → chat URI → `key`, so every client sees it
+/// and it survives a restart. The same value again publishes nothing.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AgentNote {
+    /// The chat it is about.
+    pub chat: String,
+    /// What it is (e.g. `available_commands_update`).
+    pub key: String,
+    /// The agent's message as sent.
+    pub value: Value,
+}
+
+/// `_meta` key of [`AgentNote`]s.
+pub const AGENT_NOTES_META: &str = "tandem/agent";
+
+impl Handler<AgentNote> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AgentNote, ctx: &mut Self::Context) {
+        let mut meta = self.state.meta.clone().unwrap_or_default();
+        let notes = meta
+            .entry(AGENT_NOTES_META)
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !notes.is_object() {
+            *notes = Value::Object(Map::new());
+        }
+        let chat = notes
+            .as_object_mut()
+            .map(|n| n.entry(msg.chat).or_insert_with(|| Value::Object(Map::new())));
+        let Some(Value::Object(chat)) = chat else {
+            return;
+        };
+        if chat.get(&msg.key) == Some(&msg.value) {
+            return;
+        }
+        chat.insert(msg.key, msg.value);
+        self.set_meta(ctx, meta);
     }
 }
 

@@ -7,7 +7,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use approval::{ApprovalCheckpoint, GrantTool, TurnCheckpoint};
+pub use approval::{AgentNote, ApprovalCheckpoint, GrantTool, TurnCheckpoint, AGENT_NOTES_META};
 pub use chats::{
     ChatSummaryChanged, CreateChat, DisposeSession, ListPending, RemoveChat, RollupChanged,
 };

@@ -1,0 +1,240 @@
+//! Agents the operator declares: external programs that speak the Agent
+//! Client Protocol (ACP) over stdio, one `[[agents]]` table each in the
+//! config file or one `--agent 'NAME=COMMAND ARG…'` flag each.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// One ACP agent the operator declared.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    /// Provider id (what `createSession`'s `provider` names).
+    pub name: String,
+    /// What pickers show; the name when unset.
+    #[serde(default)]
+    pub display_name: Option<String>,
+    /// The program (looked up on `PATH` when it has no slash).
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables set for it (on top of the server's own).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of the process and the ACP session's `cwd`
+    /// (default: the server's working directory).
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// Seconds a starting agent may take to answer `initialize` and
+    /// `session/new`.
+    #[serde(default = "default_start_timeout_secs")]
+    pub start_timeout_secs: u64,
+    /// Seconds a running turn may go without a word from the agent (while
+    /// nobody is being asked anything) before the agent counts as hung and
+    /// is stopped.
+    #[serde(default = "default_idle_timeout_secs")]
+    pub idle_timeout_secs: u64,
+}
+
+fn default_start_timeout_secs() -> u64 {
+    60
+}
+
+fn default_idle_timeout_secs() -> u64 {
+    600
+}
+
+impl AgentSpec {
+    /// A spec with the defaults for everything but name and command line.
+    pub fn new(name: impl Into<String>, command: impl Into<String>, args: Vec<String>) -> Self {
+        Self {
+            name: name.into(),
+            display_name: None,
+            command: command.into(),
+            args,
+            env: BTreeMap::new(),
+            cwd: None,
+            start_timeout_secs: default_start_timeout_secs(),
+            idle_timeout_secs: default_idle_timeout_secs(),
+        }
+    }
+
+    /// Parse `NAME=COMMAND ARG…` (the command line split like a POSIX shell
+    /// would, quotes included).
+    pub fn parse_flag(flag: &str) -> Result<Self, String> {
+        let (name, command_line) = flag
+            .split_once('=')
+            .ok_or_else(|| format!("`--agent {flag}`: expected NAME=COMMAND ARG…"))?;
+        let words = shell_words::split(command_line)
+            .map_err(|e| format!("`--agent {flag}`: the command line does not parse: {e}"))?;
+        let mut words = words.into_iter();
+        let command = words
+            .next()
+            .ok_or_else(|| format!("`--agent {flag}`: no command after `=`"))?;
+        let spec = Self::new(name.trim(), command, words.collect());
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// What pickers show.
+    pub fn display_name(&self) -> &str {
+        self.display_name.as_deref().unwrap_or(&self.name)
+    }
+
+    /// How long start-up may take.
+    pub fn start_timeout(&self) -> Duration {
+        Duration::from_secs(self.start_timeout_secs.max(1))
+    }
+
+    /// How long a turn may go silent.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.idle_timeout_secs.max(1))
+    }
+
+    /// The rules a declaration must follow.
+    pub fn check(&self) -> Result<(), String> {
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        if self.name.is_empty() || self.name.len() > 64 || !self.name.chars().all(ok_char) {
+            return Err(format!(
+                "agent name `{}`: use 1 to 64 letters, digits, `-`, `_` or `.`",
+                self.name
+            ));
+        }
+        if self.command.trim().is_empty() {
+            return Err(format!("agent `{}`: `command` is empty", self.name));
+        }
+        if let Some(cwd) = &self.cwd {
+            if !cwd.is_absolute() {
+                return Err(format!(
+                    "agent `{}`: `cwd` must be an absolute path, not `{}`",
+                    self.name,
+                    cwd.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The config file's contents that are known so far.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// `[[agents]]` tables.
+    #[serde(default)]
+    pub agents: Vec<AgentSpec>,
+}
+
+impl ConfigFile {
+    /// Read and check `path`.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file `{}`: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("config file `{}`: {e}", path.display()))
+    }
+
+    /// Parse and check a config file's text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let file: Self = toml::from_str(text).map_err(|e| e.to_string())?;
+        for a in &file.agents {
+            a.check()?;
+        }
+        Ok(file)
+    }
+}
+
+/// Join the file's agents and the flags' (flags last), refusing a name used
+/// twice or one that is built in.
+pub fn merge(
+    file: Vec<AgentSpec>,
+    flags: Vec<AgentSpec>,
+    built_in: &[&str],
+) -> Result<Vec<AgentSpec>, String> {
+    let mut all: Vec<AgentSpec> = Vec::new();
+    for spec in file.into_iter().chain(flags) {
+        if built_in.contains(&spec.name.as_str()) {
+            return Err(format!("agent name `{}` is a built-in provider", spec.name));
+        }
+        if all.iter().any(|a| a.name == spec.name) {
+            return Err(format!("agent `{}` is declared twice", spec.name));
+        }
+        all.push(spec);
+    }
+    Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flag_splits_like_a_shell() {
+        let s = AgentSpec::parse_flag("claude=npx -y '@zed-industries/claude-code-acp' --x \"a b\"")
+            .expect("parses");
+        assert_eq!(s.name, "claude");
+        assert_eq!(s.command, "npx");
+        assert_eq!(s.args, ["-y", "@zed-industries/claude-code-acp", "--x", "a b"]);
+        assert_eq!(s.display_name(), "claude");
+    }
+
+    #[test]
+    fn bad_flags_say_what_is_wrong() {
+        for (flag, says) in [
+            ("claude", "expected NAME=COMMAND"),
+            ("claude=", "no command"),
+            ("=cmd", "agent name ``"),
+            ("a b=cmd", "agent name `a b`"),
+            ("x=cmd 'unclosed", "does not parse"),
+        ] {
+            let e = AgentSpec::parse_flag(flag).expect_err(flag);
+            assert!(e.contains(says), "{flag}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_file_takes_every_key_and_refuses_unknown_ones() {
+        let f = ConfigFile::parse(
+            r#"
+            [[agents]]
+            name = "gemini"
+            display_name = "Gemini CLI"
+            command = "gemini"
+            args = ["--experimental-acp"]
+            env = { GEMINI_API_KEY = "k" }
+            cwd = "/srv/work"
+            start_timeout_secs = 5
+            idle_timeout_secs = 30
+            "#,
+        )
+        .expect("parses");
+        let a = &f.agents[0];
+        assert_eq!(a.display_name(), "Gemini CLI");
+        assert_eq!(a.args, ["--experimental-acp"]);
+        assert_eq!(a.env["GEMINI_API_KEY"], "k");
+        assert_eq!(a.cwd.as_deref(), Some(Path::new("/srv/work")));
+        assert_eq!(a.idle_timeout(), Duration::from_secs(30));
+
+        let e = ConfigFile::parse("[[agents]]\nname = \"a\"\ncommand = \"b\"\ncomand = \"c\"\n")
+            .expect_err("unknown key");
+        assert!(e.contains("comand"), "{e}");
+        assert!(e.contains("line 4"), "{e}");
+        let e = ConfigFile::parse("[[agents]]\nname = \"a\"\ncommand = \"b\"\ncwd = \"rel\"\n")
+            .expect_err("relative cwd");
+        assert!(e.contains("absolute"), "{e}");
+    }
+
+    #[test]
+    fn names_are_unique_and_not_built_in() {
+        let a = || AgentSpec::new("a", "x", vec![]);
+        assert!(merge(vec![a()], vec![a()], &[]).unwrap_err().contains("twice"));
+        let s = AgentSpec::new("scripted", "x", vec![]);
+        assert!(merge(vec![], vec![s], &["scripted"])
+            .unwrap_err()
+            .contains("built-in"));
+        assert_eq!(merge(vec![a()], vec![], &[]).expect("ok").len(), 1);
+    }
+}
