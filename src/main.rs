@@ -163,6 +163,34 @@ struct ServeArgs {
     /// Largest accepted WebSocket frame, in bytes.
     #[arg(long, default_value_t = Config::default().max_frame_bytes)]
     max_frame_bytes: usize,
+    /// An ACP agent sessions can be created with: `NAME=COMMAND ARG…` (the
+    /// command line split like a shell would). Repeatable; NAME is the
+    /// provider id.
+    #[arg(long = "agent", value_name = "NAME=COMMAND ARG…")]
+    agents: Vec<String>,
+    /// A TOML config file; today it declares ACP agents as `[[agents]]`
+    /// tables (`name`, `display_name`, `command`, `args`, `env`, `cwd`,
+    /// `start_timeout_secs`, `idle_timeout_secs`).
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
+}
+
+impl ServeArgs {
+    /// The declared agents: the config file's, then the flags'.
+    fn agents(&self) -> anyhow::Result<Vec<tandem::config::AgentSpec>> {
+        use tandem::config::agents::{merge, ConfigFile};
+        let file = match &self.config {
+            Some(path) => ConfigFile::load(path).map_err(anyhow::Error::msg)?.agents,
+            None => Vec::new(),
+        };
+        let flags = self
+            .agents
+            .iter()
+            .map(|f| tandem::config::AgentSpec::parse_flag(f))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(anyhow::Error::msg)?;
+        merge(file, flags, &[tandem::providers::scripted::PROVIDER_ID]).map_err(anyhow::Error::msg)
+    }
 }
 
 fn main() {
@@ -222,6 +250,7 @@ fn serve() -> anyhow::Result<()> {
         outbound_limit_bytes: args.outbound_limit_bytes,
         write_pacing: std::time::Duration::from_secs_f64(args.write_pacing_ms.max(0.0) / 1000.0),
         max_frame_bytes: args.max_frame_bytes,
+        agents: args.agents()?,
         ..Config::default()
     };
     // The same checks `run` makes, before a store is opened or a port bound.

@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
+
 use crate::ids::ChannelUri;
 use ahp_types::state::{AgentInfo, Message};
 
@@ -27,6 +29,15 @@ pub struct AgentTurn {
 pub trait Agent: Send + Sync + 'static {
     /// What root state lists for it.
     fn info(&self) -> AgentInfo;
+    /// A session with this agent is being created: get ready for it (an ACP
+    /// agent starts its process and opens its own session). An error
+    /// answers `createSession` with its text, and the session is not
+    /// created.
+    fn open_session(&self, _session: &ChannelUri) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+    /// The session was disposed (or its creation failed).
+    fn session_disposed(&self, _session: &str) {}
     /// Start serving a turn (spawn; do not block).
     fn start_turn(&self, turn: AgentTurn);
     /// The turn was cancelled; its open interactions already settled

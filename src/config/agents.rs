@@ -173,11 +173,15 @@ mod tests {
 
     #[test]
     fn a_flag_splits_like_a_shell() {
-        let s = AgentSpec::parse_flag("claude=npx -y '@zed-industries/claude-code-acp' --x \"a b\"")
-            .expect("parses");
+        let s =
+            AgentSpec::parse_flag("claude=npx -y '@zed-industries/claude-code-acp' --x \"a b\"")
+                .expect("parses");
         assert_eq!(s.name, "claude");
         assert_eq!(s.command, "npx");
-        assert_eq!(s.args, ["-y", "@zed-industries/claude-code-acp", "--x", "a b"]);
+        assert_eq!(
+            s.args,
+            ["-y", "@zed-industries/claude-code-acp", "--x", "a b"]
+        );
         assert_eq!(s.display_name(), "claude");
     }
 
@@ -230,7 +234,9 @@ mod tests {
     #[test]
     fn names_are_unique_and_not_built_in() {
         let a = || AgentSpec::new("a", "x", vec![]);
-        assert!(merge(vec![a()], vec![a()], &[]).unwrap_err().contains("twice"));
+        assert!(merge(vec![a()], vec![a()], &[])
+            .unwrap_err()
+            .contains("twice"));
         let s = AgentSpec::new("scripted", "x", vec![]);
         assert!(merge(vec![], vec![s], &["scripted"])
             .unwrap_err()

@@ -378,10 +378,16 @@ mod tests {
         let granted = grant(Some(&initial_meta()), "rm").expect("granted");
         let denied_meta = deny(Some(&granted), "rm").expect("denied");
         assert!(denied(Some(&denied_meta), "rm"));
-        assert!(!super::granted(Some(&denied_meta), "rm"), "the grant is taken back");
+        assert!(
+            !super::granted(Some(&denied_meta), "rm"),
+            "the grant is taken back"
+        );
         assert_eq!(deny(Some(&denied_meta), "rm"), None, "recorded once");
         assert_eq!(decide(ALWAYS_ALLOW, false, true), Auto::Deny);
-        assert_eq!(decide(ASK, true, false), Auto::Approve(ToolCallConfirmationReason::Setting));
+        assert_eq!(
+            decide(ASK, true, false),
+            Auto::Approve(ToolCallConfirmationReason::Setting)
+        );
         assert_eq!(decide(ASK, false, false), Auto::Ask);
         let regranted = grant(Some(&denied_meta), "rm").expect("granted again");
         assert!(!denied(Some(&regranted), "rm"));

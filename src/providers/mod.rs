@@ -4,6 +4,7 @@
 //! agents up in ([`AgentDirectory`]) are defined by `channels`; this module
 //! provides them: [`Providers`] is the directory.
 
+pub mod acp;
 pub mod remote;
 pub mod scripted;
 

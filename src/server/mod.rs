@@ -48,6 +48,7 @@ use crate::auth::{Authenticator, SecretError};
 use crate::channels::context::Shared;
 use crate::channels::ChannelAddr;
 use crate::config::Config;
+use crate::providers::acp::AcpAgent;
 use crate::providers::scripted::ScriptedAgent;
 use crate::providers::Providers;
 use crate::publish::outbound::CloseCause;
@@ -204,6 +205,9 @@ where
                     .collect();
                 let providers = Arc::new(Providers::default());
                 providers.register(Arc::new(ScriptedAgent));
+                for spec in &config.agents {
+                    providers.register(Arc::new(AcpAgent::new(spec.clone())));
+                }
                 let started = std::time::Instant::now();
                 let mut recovered = journal
                     .recover()

@@ -18,7 +18,7 @@ use tokio::time::timeout;
 /// (`target/debug/examples/`). A plain `cargo test` builds examples, but a
 /// filtered one (`cargo test --test e2e`) does not, so the first test to ask
 /// builds it (a no-op when it is fresh).
-fn agent_bin() -> PathBuf {
+pub(crate) fn agent_bin() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {

@@ -11,6 +11,7 @@
 mod common;
 
 mod acp_agent;
+mod acp_bridge;
 mod admission;
 mod bad_input;
 mod collaboration;

@@ -100,10 +100,11 @@ impl actix::Handler<NoteForSession> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, msg: NoteForSession, _: &mut Self::Context) {
-        self.session_addr.do_send(crate::channels::session::AgentNote {
-            chat: self.core.uri.to_string(),
-            key: msg.key,
-            value: msg.value,
-        });
+        self.session_addr
+            .do_send(crate::channels::session::AgentNote {
+                chat: self.core.uri.to_string(),
+                key: msg.key,
+                value: msg.value,
+            });
     }
 }

@@ -150,20 +150,17 @@ impl ChatActor {
                 let check = self.session_addr.send(ApprovalCheckpoint {
                     tool_name: ask.tool_name.clone(),
                 });
-                ctx.wait(check.into_actor(self).map(move |auto, act, ctx| {
-                    act.open_tool(ctx, ask, auto.unwrap_or(Auto::Ask))
-                }));
+                ctx.wait(
+                    check.into_actor(self).map(move |auto, act, ctx| {
+                        act.open_tool(ctx, ask, auto.unwrap_or(Auto::Ask))
+                    }),
+                );
             }
         }
     }
 
     /// Put a tool call up for confirmation, or decide it by `auto`.
-    fn open_tool(
-        &mut self,
-        ctx: &mut Context<Self>,
-        ask: ToolAsk,
-        auto: Auto,
-    ) {
+    fn open_tool(&mut self, ctx: &mut Context<Self>, ask: ToolAsk, auto: Auto) {
         let Some(reply) = self.on_active_turn(&ask.turn_id, ask.reply) else {
             return;
         };

@@ -59,11 +59,9 @@ impl Handler<CreateSession> for RootActor {
                         act.session_stored(&uri);
                         Ok(())
                     }
-                    Err(r) => {
+                    Err(e) => {
                         act.session_not_stored(&uri);
-                        Err(RpcError::internal(format!(
-                            "the session could not be stored: {r}"
-                        )))
+                        Err(e)
                     }
                 }),
         )
@@ -82,12 +80,13 @@ impl Handler<RemoveSession> for RootActor {
     type Result = ResponseActFuture<Self, Result<(), RpcError>>;
 
     fn handle(&mut self, msg: RemoveSession, _: &mut Self::Context) -> Self::Result {
-        let Some((addr, _)) = self.sessions.remove(msg.uri.as_str()) else {
+        let Some((addr, summary)) = self.sessions.remove(msg.uri.as_str()) else {
             return Box::pin(actix::fut::ready(Err(RpcError::new(
                 errors::SESSION_NOT_FOUND,
                 format!("no session `{}`", msg.uri),
             ))));
         };
+        self.agent_forgets(&summary.provider, &msg.uri);
         // Gone for new requests at once; announced once the store forgot it.
         let announced = self.creating.remove(msg.uri.as_str()).is_none();
         self.core.shared.registry.remove(&msg.uri);
@@ -131,7 +130,7 @@ impl RootActor {
     fn create_session(
         &mut self,
         msg: CreateSession,
-    ) -> Result<(ChannelUri, impl Future<Output = Result<(), Rejection>>), RpcError> {
+    ) -> Result<(ChannelUri, impl Future<Output = Result<(), RpcError>>), RpcError> {
         let prefix = "ahp-session:/";
         let max_uri = self.core.shared.config.limits.max_uri_bytes;
         if msg.uri.len() > max_uri {
@@ -153,12 +152,13 @@ impl RootActor {
         let provider = msg
             .provider
             .unwrap_or_else(|| shared.providers.default_provider().to_owned());
-        if shared.providers.get(&provider).is_none() {
+        let Some(agent) = shared.providers.get(&provider) else {
             return Err(RpcError::new(
                 errors::PROVIDER_NOT_FOUND,
                 format!("no provider `{provider}` is registered"),
             ));
-        }
+        };
+        let agent_name = provider.clone();
         if shared.registry.contains(&msg.uri) {
             return Err(RpcError::new(
                 errors::SESSION_ALREADY_EXISTS,
@@ -208,11 +208,26 @@ impl RootActor {
             default_chat: format!("ahp-chat:/{}", uuid::Uuid::new_v4()).into(),
             done,
         });
+        // The agent gets ready (an ACP agent starts its process and opens
+        // its own session) while the record is written; a failure to start
+        // answers `createSession` with the cause and the session never was.
+        let opening = agent.open_session(&uri);
         let stored = async move {
-            recorded.await.map_err(|e| Rejection::new(e.to_string()))?;
+            let not_stored =
+                |r: Rejection| RpcError::internal(format!("the session could not be stored: {r}"));
+            let opened = opening.await;
+            recorded
+                .await
+                .map_err(|e| not_stored(Rejection::new(e.to_string())))?;
             ready
                 .await
                 .unwrap_or_else(|_| Err(Rejection::new("the session went away")))
+                .map_err(not_stored)?;
+            opened.map_err(|e| {
+                RpcError::internal(format!(
+                    "agent `{agent_name}` could not start the session: {e}"
+                ))
+            })
         };
         Ok((uri, stored))
     }
@@ -243,12 +258,20 @@ impl RootActor {
         if self.creating.remove(uri).is_none() {
             return;
         }
-        if let Some((addr, _)) = self.sessions.remove(uri) {
+        if let Some((addr, summary)) = self.sessions.remove(uri) {
             addr.do_send(DisposeSession);
+            self.agent_forgets(&summary.provider, uri);
         }
         self.core.shared.registry.remove(uri);
         for owned in self.owned.values_mut() {
             owned.remove(uri);
+        }
+    }
+
+    /// Tell the session's agent it is gone (an ACP agent stops its process).
+    fn agent_forgets(&self, provider: &str, session: &str) {
+        if let Some(agent) = self.core.shared.providers.get(provider) {
+            agent.session_disposed(session);
         }
     }
 

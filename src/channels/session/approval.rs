@@ -108,9 +108,10 @@ impl Handler<AgentNote> for SessionActor {
         if !notes.is_object() {
             *notes = Value::Object(Map::new());
         }
-        let chat = notes
-            .as_object_mut()
-            .map(|n| n.entry(msg.chat).or_insert_with(|| Value::Object(Map::new())));
+        let chat = notes.as_object_mut().map(|n| {
+            n.entry(msg.chat)
+                .or_insert_with(|| Value::Object(Map::new()))
+        });
         let Some(Value::Object(chat)) = chat else {
             return;
         };

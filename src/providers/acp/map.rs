@@ -121,7 +121,8 @@ impl TurnMap {
             SessionUpdate::Plan(plan) => {
                 self.end_streams();
                 let id = self.part_id("plan");
-                out.actions.push(self.markdown(id, render_plan(plan), json_of(plan)));
+                out.actions
+                    .push(self.markdown(id, render_plan(plan), json_of(plan)));
             }
             SessionUpdate::UsageUpdate(u) => {
                 out.actions.push(StateAction::ChatUsage(ChatUsageAction {
@@ -142,14 +143,15 @@ impl TurnMap {
                     Some(d) => format!("**{}** — {d}", n.title),
                     None => format!("**{}**", n.title),
                 };
-                out.actions.push(StateAction::ChatResponsePart(ChatResponsePartAction {
-                    turn_id: self.turn_id.clone(),
-                    part: ResponsePart::SystemNotification(SystemNotificationResponsePart {
-                        content: text.into(),
-                        meta: Some(acp_meta(json_of(n))),
-                    }),
-                    meta: None,
-                }));
+                out.actions
+                    .push(StateAction::ChatResponsePart(ChatResponsePartAction {
+                        turn_id: self.turn_id.clone(),
+                        part: ResponsePart::SystemNotification(SystemNotificationResponsePart {
+                            content: text.into(),
+                            meta: Some(acp_meta(json_of(n))),
+                        }),
+                        meta: None,
+                    }));
             }
             other => out.notes.push(note_of(other)),
         }
@@ -189,7 +191,8 @@ impl TurnMap {
             None => {
                 let id = self.part_id("text");
                 self.message_part = Some(id.clone());
-                out.actions.push(self.markdown(id, t.text.clone(), Value::Null));
+                out.actions
+                    .push(self.markdown(id, t.text.clone(), Value::Null));
             }
         }
     }
@@ -200,20 +203,23 @@ impl TurnMap {
             other => describe_block(other),
         };
         match &self.thought_part {
-            Some(part_id) => out.actions.push(StateAction::ChatReasoning(ChatReasoningAction {
-                turn_id: self.turn_id.clone(),
-                part_id: part_id.clone(),
-                content: text,
-                meta: None,
-            })),
+            Some(part_id) => out
+                .actions
+                .push(StateAction::ChatReasoning(ChatReasoningAction {
+                    turn_id: self.turn_id.clone(),
+                    part_id: part_id.clone(),
+                    content: text,
+                    meta: None,
+                })),
             None => {
                 let id = self.part_id("thought");
                 self.thought_part = Some(id.clone());
-                out.actions.push(StateAction::ChatResponsePart(ChatResponsePartAction {
-                    turn_id: self.turn_id.clone(),
-                    part: ResponsePart::Reasoning(ReasoningResponsePart { id, content: text }),
-                    meta: None,
-                }));
+                out.actions
+                    .push(StateAction::ChatResponsePart(ChatResponsePartAction {
+                        turn_id: self.turn_id.clone(),
+                        part: ResponsePart::Reasoning(ReasoningResponsePart { id, content: text }),
+                        meta: None,
+                    }));
             }
         }
     }
@@ -297,7 +303,13 @@ impl TurnMap {
                 content: tool_content(&tc.content),
             },
         );
-        self.advance(&id, Some(tc.status), Some(tc.kind), tc.raw_output.as_ref(), out);
+        self.advance(
+            &id,
+            Some(tc.status),
+            Some(tc.kind),
+            tc.raw_output.as_ref(),
+            out,
+        );
     }
 
     fn tool_call_update(&mut self, u: &ToolCallUpdate, out: &mut Mapped) {
@@ -312,12 +324,23 @@ impl TurnMap {
                 ToolEntry {
                     phase: ToolPhase::Announced,
                     title,
-                    content: u.fields.content.as_deref().map(tool_content).unwrap_or_default(),
+                    content: u
+                        .fields
+                        .content
+                        .as_deref()
+                        .map(tool_content)
+                        .unwrap_or_default(),
                 },
             );
-            self.advance(&id, u.fields.status, u.fields.kind, u.fields.raw_output.as_ref(), out);
+            self.advance(
+                &id,
+                u.fields.status,
+                u.fields.kind,
+                u.fields.raw_output.as_ref(),
+                out,
+            );
             return;
-        }
+        };
         if let Some(title) = &u.fields.title {
             entry.title = title.clone();
         }
@@ -334,7 +357,13 @@ impl TurnMap {
                 ));
             }
         }
-        self.advance(&id, u.fields.status, u.fields.kind, u.fields.raw_output.as_ref(), out);
+        self.advance(
+            &id,
+            u.fields.status,
+            u.fields.kind,
+            u.fields.raw_output.as_ref(),
+            out,
+        );
     }
 
     /// Move a tool call along to `status`.
@@ -388,8 +417,8 @@ impl TurnMap {
             if !success && content.is_empty() {
                 content.push(text("the tool call failed"));
             }
-            out.actions
-                .push(StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
+            out.actions.push(StateAction::ChatToolCallComplete(
+                ChatToolCallCompleteAction {
                     turn_id,
                     tool_call_id: id.to_owned(),
                     meta: None,
@@ -397,11 +426,15 @@ impl TurnMap {
                         success,
                         past_tense_message: entry.title.clone().into(),
                         content: (!content.is_empty()).then_some(content),
-                        structured_content: raw_output.cloned(),
+                        structured_content: raw_output.map(|v| match v {
+                            Value::Object(o) => o.clone(),
+                            other => Map::from_iter([("rawOutput".to_owned(), other.clone())]),
+                        }),
                         error: None,
                     },
                     requires_result_confirmation: None,
-                }));
+                },
+            ));
             entry.phase = ToolPhase::Done;
         }
     }
@@ -504,14 +537,24 @@ mod tests {
     #[test]
     fn message_chunks_stream_into_one_part_until_something_else_comes() {
         let mut m = TurnMap::new("t1");
-        let chunk = |s: &str| upd(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": s}}));
-        let thought = upd(json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": "hm"}}));
+        let chunk = |s: &str| {
+            upd(
+                json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": s}}),
+            )
+        };
+        let thought = upd(
+            json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": "hm"}}),
+        );
         assert_eq!(kinds(&m.update(&chunk("a"))), ["chat/responsePart"]);
         assert_eq!(kinds(&m.update(&chunk("b"))), ["chat/delta"]);
         assert_eq!(kinds(&m.update(&thought)), ["chat/responsePart"]);
         assert_eq!(kinds(&m.update(&thought)), ["chat/reasoning"]);
         let again = m.update(&chunk("c"));
-        assert_eq!(kinds(&again), ["chat/responsePart"], "a new part after the thought");
+        assert_eq!(
+            kinds(&again),
+            ["chat/responsePart"],
+            "a new part after the thought"
+        );
         let v = json_of(&again.actions[0]);
         assert_eq!(v["part"]["kind"], "markdown");
         assert_eq!(v["part"]["content"], "c");
@@ -535,7 +578,12 @@ mod tests {
         assert_eq!(r["structuredContent"]["bytes"], 7);
         assert_eq!(r["content"][0]["text"], "fn main");
         assert_eq!(m.phase("c1"), Some(ToolPhase::Done));
-        assert!(m.update(&upd(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "failed"}))).actions.is_empty());
+        assert!(m
+            .update(&upd(
+                json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "failed"})
+            ))
+            .actions
+            .is_empty());
     }
 
     #[test]
@@ -551,17 +599,34 @@ mod tests {
         m.decided("c1", true);
         let run = m.update(&upd(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "in_progress"})));
         assert!(run.actions.is_empty());
-        let done = m.update(&upd(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "completed"})));
+        let done = m.update(&upd(
+            json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1", "status": "completed"}),
+        ));
         let r = &json_of(&done.actions[0])["result"];
-        assert!(r["content"][0]["text"].as_str().unwrap_or("").contains("-a\n+b"));
+        assert!(r["content"][0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("-a\n+b"));
 
         let mut m = TurnMap::new("t2");
         let unseen: ToolCallUpdate =
-            serde_json::from_value(json!({"toolCallId": "c9", "title": "Delete y"})).expect("update");
-        assert_eq!(kinds(&Mapped { actions: m.asking(&unseen), notes: vec![] }), ["chat/toolCallStart"]);
+            serde_json::from_value(json!({"toolCallId": "c9", "title": "Delete y"}))
+                .expect("update");
+        assert_eq!(
+            kinds(&Mapped {
+                actions: m.asking(&unseen),
+                notes: vec![]
+            }),
+            ["chat/toolCallStart"]
+        );
         m.decided("c9", false);
-        let failed = m.update(&upd(json!({"sessionUpdate": "tool_call_update", "toolCallId": "c9", "status": "failed"})));
-        assert!(failed.actions.is_empty(), "a denied call has nothing to complete");
+        let failed = m.update(&upd(
+            json!({"sessionUpdate": "tool_call_update", "toolCallId": "c9", "status": "failed"}),
+        ));
+        assert!(
+            failed.actions.is_empty(),
+            "a denied call has nothing to complete"
+        );
     }
 
     #[test]
@@ -577,7 +642,9 @@ mod tests {
         assert!(cmds.actions.is_empty());
         assert_eq!(cmds.notes[0].key, "available_commands_update");
         assert_eq!(cmds.notes[0].value["availableCommands"][0]["name"], "web");
-        let mode = m.update(&upd(json!({"sessionUpdate": "current_mode_update", "currentModeId": "code"})));
+        let mode = m.update(&upd(
+            json!({"sessionUpdate": "current_mode_update", "currentModeId": "code"}),
+        ));
         assert_eq!(mode.notes[0].key, "current_mode_update");
         let link = m.update(&upd(json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "resource_link", "name": "spec", "uri": "file:///spec.md"}})));
         let l = json_of(&link.actions[0]);

@@ -1,0 +1,303 @@
+//! One ACP agent process: spawned with the operator's command line, spoken
+//! to with the official SDK's client side over its stdin/stdout, its stderr
+//! kept (the last lines name the cause when it dies), its exit reported.
+//!
+//! Everything the agent sends arrives as an [`Event`] on one channel, in the
+//! order the SDK's dispatch loop saw it, so the bridge maps updates and
+//! permission requests in the order the agent meant them.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ContentBlock, InitializeRequest, NewSessionRequest, PromptRequest,
+    PromptResponse, RequestPermissionRequest, RequestPermissionResponse, SessionId,
+    SessionNotification, TextContent,
+};
+use agent_client_protocol::v1::{ConnectionTo, Responder};
+use agent_client_protocol::{Agent as AgentPeer, ByteStreams, Client};
+use parking_lot::Mutex;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+use crate::config::AgentSpec;
+
+/// Lines of stderr kept for error messages.
+const STDERR_LINES: usize = 12;
+
+/// What the agent process sends or does, in order.
+pub enum Event {
+    /// A `session/update`.
+    Update(Box<SessionNotification>),
+    /// A `session/request_permission`, answered through the responder.
+    Permission(
+        Box<RequestPermissionRequest>,
+        Responder<RequestPermissionResponse>,
+    ),
+    /// A `session/prompt` was answered (or failed).
+    PromptDone {
+        /// The ACP session.
+        session: String,
+        /// The bridge's tag for the prompt (its turn).
+        tag: String,
+        /// The answer, or why there is none.
+        result: Result<PromptResponse, String>,
+    },
+    /// The process is gone: why (exit status and its last stderr lines).
+    Exited(String),
+}
+
+/// A request from the bridge to the agent.
+enum Call {
+    NewSession(PathBuf, oneshot::Sender<Result<String, String>>),
+    Prompt(String, String, String),
+    Cancel(String),
+}
+
+/// A running agent process.
+pub struct Process {
+    calls: mpsc::UnboundedSender<Call>,
+    kill: Mutex<Option<oneshot::Sender<()>>>,
+    /// Its process id.
+    pub pid: Option<u32>,
+}
+
+impl Process {
+    /// Spawn `spec`'s command, `initialize` it and wait for the answer.
+    /// Events go to `events`, tagged with nothing: one process per bridge.
+    pub async fn start(
+        spec: &AgentSpec,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<Arc<Self>, String> {
+        let mut cmd = Command::new(&spec.command);
+        cmd.args(&spec.args)
+            .envs(&spec.env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(cwd) = &spec.cwd {
+            cmd.current_dir(cwd);
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run `{}`: {e}", spec.command))?;
+        let pid = child.id();
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err("the agent's standard streams could not be opened".into());
+        };
+
+        // Stderr: the last lines, for error messages; logged as they come.
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_LINES)));
+        let (stderr_done_tx, stderr_done) = watch::channel(false);
+        {
+            let tail = tail.clone();
+            let name = spec.name.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::debug!(agent = %name, "stderr: {line}");
+                    let mut t = tail.lock();
+                    if t.len() == STDERR_LINES {
+                        t.pop_front();
+                    }
+                    t.push_back(line);
+                }
+                let _ = stderr_done_tx.send(true);
+            });
+        }
+
+        // Exit: reported once, with the status and the stderr tail.
+        let (kill_tx, kill_rx) = oneshot::channel::<()>();
+        {
+            let events = events.clone();
+            let tail = tail.clone();
+            let mut stderr_done = stderr_done.clone();
+            tokio::spawn(async move {
+                let status = tokio::select! {
+                    status = child.wait() => status,
+                    _ = kill_rx => {
+                        let _ = child.kill().await;
+                        child.wait().await
+                    }
+                };
+                // Let the stderr reader take the last lines first.
+                let _ = tokio::time::timeout(
+                    std::time::Duration::from_millis(500),
+                    stderr_done.wait_for(|done| *done),
+                )
+                .await;
+                let status = match status {
+                    Ok(s) => s.to_string(),
+                    Err(e) => format!("status unknown ({e})"),
+                };
+                let lines: Vec<String> = tail.lock().iter().cloned().collect();
+                let cause = if lines.is_empty() {
+                    format!("the agent process exited ({status})")
+                } else {
+                    format!(
+                        "the agent process exited ({status}); its last output: {}",
+                        lines.join(" | ")
+                    )
+                };
+                let _ = events.send(Event::Exited(cause));
+            });
+        }
+
+        let (calls, calls_rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<(), String>>();
+        let transport = ByteStreams::new(stdin.compat_write(), stdout.compat());
+        let name = spec.name.clone();
+        tokio::spawn(run(transport, events, calls_rx, ready_tx, name));
+        let process = Arc::new(Self {
+            calls,
+            kill: Mutex::new(Some(kill_tx)),
+            pid,
+        });
+        let ready = tokio::time::timeout(spec.start_timeout(), ready_rx).await;
+        let outcome = match ready {
+            Ok(Ok(Ok(()))) => return Ok(process),
+            Ok(Ok(Err(e))) => format!("`initialize` failed: {e}"),
+            Ok(Err(_)) => "the agent closed the connection during `initialize`".to_owned(),
+            Err(_) => format!(
+                "no answer to `initialize` within {} s",
+                spec.start_timeout().as_secs()
+            ),
+        };
+        process.stop();
+        // Say why, with what the process printed, if it has exited by now.
+        let mut last = String::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(300), async {
+            let mut stderr_done = stderr_done;
+            let _ = stderr_done.wait_for(|d| *d).await;
+        })
+        .await;
+        let lines: Vec<String> = tail.lock().iter().cloned().collect();
+        if !lines.is_empty() {
+            last = format!("; its last output: {}", lines.join(" | "));
+        }
+        Err(format!("{outcome}{last}"))
+    }
+
+    /// Open an ACP session in `cwd`: its id.
+    pub async fn new_session(&self, cwd: PathBuf) -> Result<String, String> {
+        let (tx, rx) = oneshot::channel();
+        self.calls
+            .send(Call::NewSession(cwd, tx))
+            .map_err(|_| "the agent process is gone".to_owned())?;
+        rx.await
+            .map_err(|_| "the agent process is gone".to_owned())?
+    }
+
+    /// Send `session/prompt`; the answer comes as [`Event::PromptDone`].
+    pub fn prompt(&self, session: &str, text: String, tag: String) -> Result<(), String> {
+        self.calls
+            .send(Call::Prompt(session.to_owned(), text, tag))
+            .map_err(|_| "the agent process is gone".to_owned())
+    }
+
+    /// Send `session/cancel`.
+    pub fn cancel(&self, session: &str) {
+        let _ = self.calls.send(Call::Cancel(session.to_owned()));
+    }
+
+    /// Stop the process (its exit is still reported).
+    pub fn stop(&self) {
+        if let Some(kill) = self.kill.lock().take() {
+            let _ = kill.send(());
+        }
+    }
+}
+
+/// The connection: handlers forward what the agent sends; the foreground
+/// initializes, then serves the bridge's calls until they stop.
+async fn run(
+    transport: impl agent_client_protocol::ConnectTo<Client> + 'static,
+    events: mpsc::UnboundedSender<Event>,
+    mut calls: mpsc::UnboundedReceiver<Call>,
+    ready: oneshot::Sender<Result<(), String>>,
+    name: String,
+) {
+    let updates = events.clone();
+    let permissions = events.clone();
+    let result = Client
+        .v1()
+        .name("tandem")
+        .on_receive_notification(
+            async move |n: SessionNotification, _cx| {
+                let _ = updates.send(Event::Update(Box::new(n)));
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |r: RequestPermissionRequest, responder, _cx| {
+                let _ = permissions.send(Event::Permission(Box::new(r), responder));
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .connect_with(transport, async move |cx: ConnectionTo<AgentPeer>| {
+            let init = cx
+                .send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await;
+            if let Err(e) = init {
+                let _ = ready.send(Err(e.to_string()));
+                return Ok(());
+            }
+            let _ = ready.send(Ok(()));
+            while let Some(call) = calls.recv().await {
+                match call {
+                    Call::NewSession(cwd, reply) => {
+                        let cx2 = cx.clone();
+                        tokio::spawn(async move {
+                            let r = cx2
+                                .send_request(NewSessionRequest::new(cwd))
+                                .block_task()
+                                .await
+                                .map(|s| s.session_id.to_string())
+                                .map_err(|e| e.to_string());
+                            let _ = reply.send(r);
+                        });
+                    }
+                    Call::Prompt(session, text, tag) => {
+                        let cx2 = cx.clone();
+                        let events = events.clone();
+                        tokio::spawn(async move {
+                            let request = PromptRequest::new(
+                                SessionId::new(session.clone()),
+                                vec![ContentBlock::Text(TextContent::new(text))],
+                            );
+                            let result = cx2
+                                .send_request(request)
+                                .block_task()
+                                .await
+                                .map_err(|e| e.to_string());
+                            let _ = events.send(Event::PromptDone {
+                                session,
+                                tag,
+                                result,
+                            });
+                        });
+                    }
+                    Call::Cancel(session) => {
+                        let _ =
+                            cx.send_notification(CancelNotification::new(SessionId::new(session)));
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::debug!(agent = %name, error = %e, "the agent connection ended");
+    }
+}

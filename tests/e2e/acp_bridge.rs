@@ -1,0 +1,286 @@
+//! An ACP agent behind Tandem, end to end: the test agent
+//! (`examples/acp_test_agent.rs`) declared as a provider, driven by two
+//! official AHP clients. Its log (`ACP_TEST_AGENT_LOG`) says what the agent
+//! itself received, so "exactly one answer" is checked on the agent's side.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tandem::config::AgentSpec;
+use tandem::Config;
+
+use crate::acp_agent::agent_bin;
+use crate::common::{self, action, last_turn_markdown, ChatMirror, TestClient, TestServer};
+
+const AGENT: &str = "testagent";
+
+fn spec(log: &Path, args: &[&str]) -> AgentSpec {
+    let mut s = AgentSpec::new(
+        AGENT,
+        agent_bin().to_string_lossy(),
+        args.iter().map(|a| a.to_string()).collect(),
+    );
+    s.env
+        .insert("ACP_TEST_AGENT_LOG".into(), log.to_string_lossy().into());
+    s.idle_timeout_secs = 3;
+    s.start_timeout_secs = 20;
+    s
+}
+
+fn config(agents: Vec<AgentSpec>, data_dir: Option<PathBuf>) -> Config {
+    Config {
+        agents,
+        data_dir,
+        ..Config::default()
+    }
+}
+
+/// The agent's log lines of `event`.
+fn logged(log: &Path, event: &str) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == event)
+        .collect()
+}
+
+async fn create(c: &TestClient) -> Result<(String, String), String> {
+    let session = format!("ahp-session:/{}", uuid::Uuid::new_v4());
+    c.client
+        .request::<_, Value>(
+            "createSession",
+            json!({"channel": session, "provider": AGENT}),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let state = c.subscribe_session(&session).await;
+    Ok((session, state.default_chat.expect("default chat")))
+}
+
+/// Wait until `m` has `n` finished turns; the last one as JSON.
+async fn finished(c: &mut TestClient, m: &mut ChatMirror, n: usize) -> Value {
+    c.wait_state(m, |s| s.active_turn.is_none() && s.turns.len() >= n)
+        .await;
+    serde_json::to_value(m.state.turns.last().expect("a turn")).expect("json")
+}
+
+/// Wait for the active turn's tool call pending confirmation: its id and
+/// offered option ids.
+async fn pending_tool(c: &mut TestClient, m: &mut ChatMirror) -> (String, Vec<String>) {
+    let mut found = None;
+    c.wait_state(m, |s| {
+        let v = serde_json::to_value(s.active_turn.as_ref()).unwrap_or_default();
+        found = v["responseParts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| &p["toolCall"])
+            .find(|t| t["status"] == "pending-confirmation")
+            .map(|t| {
+                let opts = t["options"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|o| o["id"].as_str().map(str::to_owned))
+                    .collect();
+                (t["toolCallId"].as_str().unwrap_or("").to_owned(), opts)
+            });
+        found.is_some()
+    })
+    .await;
+    found.expect("a pending tool call")
+}
+
+fn confirm(
+    turn: &str,
+    call: &str,
+    option: &str,
+    approved: bool,
+) -> ahp_types::actions::StateAction {
+    action(
+        json!({"type": "chat/toolCallConfirmed", "turnId": turn, "toolCallId": call,
+        "approved": approved, "selectedOptionId": option}),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_drive_one_acp_agent_stream_approve_cancel_and_survive_its_crash() {
+    let dir = tempdir();
+    let log = dir.join("agent.log");
+    let server = TestServer::start_with(config(vec![spec(&log, &[])], None)).await;
+    let mut a = server.client("alice").await;
+    let mut b = server.client("bob").await;
+
+    // Root lists the agent.
+    let root = a.subscribe_raw("ahp-root://").await;
+    let root = serde_json::to_value(root.snapshot.expect("root")).expect("json");
+    assert!(
+        root.to_string().contains("\"provider\":\"testagent\""),
+        "{root}"
+    );
+
+    let (_session, chat) = create(&a).await.expect("createSession");
+    assert_eq!(
+        logged(&log, "session/new").len(),
+        1,
+        "createSession opened an ACP session"
+    );
+    let mut ma = a.subscribe_chat(&chat).await;
+    let mut mb = b.subscribe_chat(&chat).await;
+
+    // Streaming: both see the thought and the chunks in one markdown part.
+    a.start_turn(&chat, "/stream 3 5").await;
+    let t = finished(&mut b, &mut mb, 1).await;
+    assert_eq!(
+        last_turn_markdown(&mb.state),
+        ["chunk 1 chunk 2 chunk 3 "],
+        "{t}"
+    );
+    assert!(
+        t.to_string().contains("planning 3 chunks"),
+        "the thought is a reasoning part: {t}"
+    );
+    finished(&mut a, &mut ma, 1).await;
+    assert_eq!(ma.state, mb.state);
+
+    // A permission request: every client sees the agent's own options; the
+    // first answer settles it, the second is refused, the agent gets one.
+    let turn = a.start_turn(&chat, "/tool x").await;
+    let (call, options) = pending_tool(&mut b, &mut mb).await;
+    assert_eq!(
+        options,
+        ["allow-once", "allow-always", "reject-once", "reject-always"]
+    );
+    let (call_a, _) = pending_tool(&mut a, &mut ma).await;
+    assert_eq!(call, call_a);
+    let seq = b
+        .dispatch(&chat, confirm(&turn, &call, "allow-always", true))
+        .await;
+    let echo = b.wait_echo(Some(&mut mb), seq).await;
+    assert!(
+        echo.rejection_reason.is_none(),
+        "{:?}",
+        echo.rejection_reason
+    );
+    let late = a
+        .dispatch(&chat, confirm(&turn, &call, "reject-once", false))
+        .await;
+    let echo = a.wait_echo(Some(&mut ma), late).await;
+    assert!(
+        echo.rejection_reason.is_some(),
+        "a second answer is refused"
+    );
+    finished(&mut a, &mut ma, 2).await;
+    assert!(last_turn_markdown(&ma.state).contains(&"tool x: allow-always".to_owned()));
+    let answers = logged(&log, "permission");
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["optionId"], "allow-always");
+
+    // "Always allow" is a session grant: the host answers the next request
+    // for the tool without asking anyone.
+    a.start_turn(&chat, "/tool x").await;
+    finished(&mut a, &mut ma, 3).await;
+    assert!(last_turn_markdown(&ma.state).contains(&"tool x: allow-once".to_owned()));
+    assert_eq!(logged(&log, "permission").len(), 2);
+
+    // Cancel mid-prompt reaches the agent.
+    let turn = a.start_turn(&chat, "/slow").await;
+    a.wait_state(&mut ma, |s| {
+        serde_json::to_string(&s.active_turn)
+            .unwrap_or_default()
+            .contains("tick 2")
+    })
+    .await;
+    a.dispatch(
+        &chat,
+        action(json!({"type": "chat/turnCancelled", "turnId": turn, "duration": 1})),
+    )
+    .await;
+    finished(&mut a, &mut ma, 4).await;
+    common::eventually("the agent saw the cancel", || async {
+        (!logged(&log, "cancel").is_empty()).then_some(())
+    })
+    .await;
+
+    // The agent process dies mid-turn: chat/error naming the cause, on
+    // every client.
+    a.start_turn(&chat, "/crash 3").await;
+    let t = finished(&mut b, &mut mb, 5).await;
+    let text = t.to_string();
+    assert!(text.contains("AgentExited"), "{text}");
+    assert!(text.contains("exit status: 3"), "{text}");
+    assert!(text.contains("crashing on purpose"), "{text}");
+    finished(&mut a, &mut ma, 5).await;
+
+    // The next turn starts the agent again.
+    a.start_turn(&chat, "/stream 1").await;
+    finished(&mut a, &mut ma, 6).await;
+    assert_eq!(last_turn_markdown(&ma.state), ["chunk 1 "]);
+    assert_eq!(logged(&log, "start").len(), 2, "a second process");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_hold_a_session_fails_create_session_clearly() {
+    let dir = tempdir();
+    let log = dir.join("agent.log");
+    let mut missing = spec(&log, &[]);
+    missing.name = "missing".into();
+    missing.command = dir.join("no-such-agent").to_string_lossy().into();
+    let server =
+        TestServer::start_with(config(vec![spec(&log, &["--minimal"]), missing], None)).await;
+    let c = server.client("carol").await;
+    let e = create(&c)
+        .await
+        .expect_err("a minimal agent cannot hold a session");
+    assert!(e.contains("session/new"), "{e}");
+    let session = format!("ahp-session:/{}", uuid::Uuid::new_v4());
+    let e = c
+        .client
+        .request::<_, Value>(
+            "createSession",
+            json!({"channel": session, "provider": "missing"}),
+        )
+        .await
+        .expect_err("no such program");
+    assert!(e.to_string().contains("cannot run"), "{e}");
+    // Neither session exists.
+    let sessions: Value = c
+        .client
+        .request("listSessions", json!({"channel": "ahp-root://"}))
+        .await
+        .expect("list");
+    assert_eq!(
+        sessions["items"].as_array().map(Vec::len),
+        Some(0),
+        "{sessions}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_agent_ends_the_turn_with_an_error_and_the_next_turn_works() {
+    let dir = tempdir();
+    let log = dir.join("agent.log");
+    let server = TestServer::start_with(config(vec![spec(&log, &[])], None)).await;
+    let mut a = server.client("dave").await;
+    let (_s, chat) = create(&a).await.expect("createSession");
+    let mut m = a.subscribe_chat(&chat).await;
+    a.start_turn(&chat, "/hang").await;
+    let t = tokio::time::timeout(Duration::from_secs(30), finished(&mut a, &mut m, 1))
+        .await
+        .expect("the hang is detected");
+    assert!(t.to_string().contains("did not answer for 3 s"), "{t}");
+    a.start_turn(&chat, "hello").await;
+    finished(&mut a, &mut m, 2).await;
+    assert_eq!(last_turn_markdown(&m.state).concat(), "echo: hello");
+    server.stop().await;
+}
+
+fn tempdir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tandem-acp-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
