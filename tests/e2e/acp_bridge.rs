@@ -266,7 +266,7 @@ async fn a_hung_agent_ends_the_turn_with_an_error_and_the_next_turn_works() {
     let log = dir.join("agent.log");
     let server = TestServer::start_with(config(vec![spec(&log, &[])], None)).await;
     let mut a = server.client("dave").await;
-    let (_s, chat) = create(&a).await.expect("createSession");
+    let (session, chat) = create(&a).await.expect("createSession");
     let mut m = a.subscribe_chat(&chat).await;
     a.start_turn(&chat, "/hang").await;
     let t = tokio::time::timeout(Duration::from_secs(30), finished(&mut a, &mut m, 1))
@@ -276,6 +276,31 @@ async fn a_hung_agent_ends_the_turn_with_an_error_and_the_next_turn_works() {
     a.start_turn(&chat, "hello").await;
     finished(&mut a, &mut m, 2).await;
     assert_eq!(last_turn_markdown(&m.state).concat(), "echo: hello");
+
+    // What has no AHP shape is kept whole in the session's `_meta`; a plan
+    // and a non-text block are visible parts.
+    a.start_turn(&chat, "/extra").await;
+    finished(&mut a, &mut m, 3).await;
+    a.start_turn(&chat, "/plan").await;
+    let t = finished(&mut a, &mut m, 4).await.to_string();
+    assert!(t.contains("**Plan**"), "{t}");
+    let fresh = server.client("erin-2").await;
+    common::eventually(
+        "the agent's commands and mode in the session's _meta",
+        || {
+            let fresh = &fresh;
+            let session = session.clone();
+            let chat = chat.clone();
+            async move {
+                let state = serde_json::to_value(fresh.subscribe_session(&session).await).ok()?;
+                let notes = &state["_meta"]["tandem/agent"][&chat];
+                (notes["available_commands_update"]["availableCommands"].is_array()
+                    && notes["current_mode_update"]["currentModeId"] == "code")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     server.stop().await;
 }
 
@@ -283,4 +308,64 @@ fn tempdir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("tandem-acp-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&d).expect("temp dir");
     d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_allow_and_always_reject_outlive_a_restart_and_a_killed_agent_aborts_its_request() {
+    let dir = tempdir();
+    let log = dir.join("agent.log");
+    let cfg = || config(vec![spec(&log, &[])], Some(dir.join("data")));
+    let server = TestServer::start_with(cfg()).await;
+    let mut a = server.client("erin").await;
+    let (_s, chat) = create(&a).await.expect("createSession");
+    let mut m = a.subscribe_chat(&chat).await;
+
+    let turn = a.start_turn(&chat, "/tool keep").await;
+    let (call, _) = pending_tool(&mut a, &mut m).await;
+    a.dispatch(&chat, confirm(&turn, &call, "allow-always", true))
+        .await;
+    finished(&mut a, &mut m, 1).await;
+    let turn = a.start_turn(&chat, "/tool drop").await;
+    let (call, _) = pending_tool(&mut a, &mut m).await;
+    a.dispatch(&chat, confirm(&turn, &call, "reject-always", false))
+        .await;
+    finished(&mut a, &mut m, 2).await;
+    assert!(last_turn_markdown(&m.state).contains(&"tool drop: reject-always".to_owned()));
+    assert_eq!(logged(&log, "permission").len(), 2);
+    drop(a);
+    server.stop().await;
+
+    // After a restart the host answers both tools from the session's grants.
+    let server = TestServer::start_with(cfg()).await;
+    let mut a = server.client("erin").await;
+    let mut m = a.subscribe_chat(&chat).await;
+    let before = m.state.turns.len();
+    a.start_turn(&chat, "/tool keep").await;
+    finished(&mut a, &mut m, before + 1).await;
+    assert!(last_turn_markdown(&m.state).contains(&"tool keep: allow-once".to_owned()));
+    a.start_turn(&chat, "/tool drop").await;
+    finished(&mut a, &mut m, before + 2).await;
+    assert!(last_turn_markdown(&m.state).contains(&"tool drop: reject-once".to_owned()));
+    let answers = logged(&log, "permission");
+    assert_eq!(answers.len(), 4, "one answer per request: {answers:?}");
+
+    // Killed while a person is being asked: chat/error, and the request is
+    // no longer pending anywhere.
+    a.start_turn(&chat, "/tool other").await;
+    pending_tool(&mut a, &mut m).await;
+    let pid = logged(&log, "start")
+        .last()
+        .and_then(|s| s["pid"].as_i64())
+        .expect("pid");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let t = finished(&mut a, &mut m, before + 3).await.to_string();
+    assert!(t.contains("AgentExited") && t.contains("signal: 9"), "{t}");
+    assert!(!t.contains("pending-confirmation"), "{t}");
+    let fresh = common::fresh_chat(&server, &chat).await;
+    assert_eq!(fresh, m.state, "every client sees the same state");
+    server.stop().await;
 }

@@ -498,7 +498,8 @@ fn describe_block(block: &ContentBlock) -> String {
     }
 }
 
-fn note_of(update: &SessionUpdate) -> Note {
+/// Any update whole, as a note keyed by its kind.
+pub fn note_of(update: &SessionUpdate) -> Note {
     let value = json_of(update);
     let key = value
         .get("sessionUpdate")

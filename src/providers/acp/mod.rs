@@ -171,6 +171,9 @@ struct Bridge {
     chats: HashMap<String, String>,
     /// ACP session → its running turn.
     turns: HashMap<String, Turn>,
+    /// Chat → a handle from its latest turn, to keep what the agent says
+    /// between turns.
+    handles: HashMap<String, ChatHandle>,
     last_heard: Instant,
     /// Why the process was stopped, if the bridge stopped it.
     stopped_because: Option<String>,
@@ -189,6 +192,7 @@ impl Bridge {
             spare: None,
             chats: HashMap::new(),
             turns: HashMap::new(),
+            handles: HashMap::new(),
             last_heard: Instant::now(),
             stopped_because: None,
         };
@@ -333,6 +337,7 @@ impl Bridge {
             }
         };
         self.chats.insert(chat.clone(), acp.clone());
+        self.handles.insert(chat.clone(), handle.clone());
         self.last_heard = Instant::now();
         if let Err(e) = process.prompt(&acp, turn.message.text, handle.turn_id.clone()) {
             let err = chat_error(&handle.turn_id, &handle.started_at, "AgentUnavailable", &e);
@@ -401,14 +406,20 @@ impl Bridge {
             .map(|(c, _)| c.clone())
     }
 
+    /// Between turns nothing can be added to the chat: everything the
+    /// agent says goes to the session's `_meta`, whole.
     fn note_outside_turn(
         &self,
-        _chat: &str,
+        chat: &str,
         update: &agent_client_protocol::v1::schema::SessionUpdate,
     ) {
-        // Without a turn there is no handle to write through; the next turn
-        // repeats what matters (commands, mode) in its own updates.
-        tracing::debug!(session = %self.session, update = %json_of(update), "agent update between turns");
+        let note = map::note_of(update);
+        match self.handles.get(chat) {
+            Some(h) => h.note(note.key, note.value),
+            None => {
+                tracing::debug!(session = %self.session, update = %note.value, "agent update before any turn")
+            }
+        }
     }
 
     async fn permission(
