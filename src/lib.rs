@@ -10,7 +10,7 @@
 //! | [`publish`] | `serverSeq` (reserved in blocks before use), ordered fan-out, replay ring, byte-bounded outbound queues |
 //! | [`store`] | the `Journal` trait between actors and storage; SQLite (schema, group-commit writer, recovery) and in-memory journals |
 //! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements; form and link rules; the approval policy as pure functions (`interactions::policy`) |
-//! | [`providers`] | agents behind the host (implementing `channels::agent`); provider connections; the built-in `scripted` agent |
+//! | [`providers`] | agents behind the host (implementing `channels::agent`): provider connections, the built-in `scripted` agent, operator-declared ACP agents (`providers::acp`: the process, the update mapping, permissions) |
 //! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, the socket's reader and writer, `/healthz`, the embedded browser client (`web/`) at `/`; the transport's own tables (tokens, open connections, rate buckets) |
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`config`] | tunables and limits |
@@ -25,7 +25,7 @@
 //!
 //! ```text
 //! server    ──► providers, channels, interactions, publish, store, protocol, auth, rate, config
-//! providers ──► channels, interactions, publish, store, protocol, auth, time
+//! providers ──► channels, interactions, publish, store, protocol, auth, config, time
 //! channels  ──► interactions, publish, store, protocol, auth, config, time
 //! rate      ──► config ──► store
 //! interactions, publish, store, protocol, auth, time: nothing above them

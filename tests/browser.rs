@@ -147,7 +147,14 @@ async fn the_web_client_works_in_headless_chromium() {
         .await
         .expect("install step");
 
-    let server = TestServer::start().await;
+    // The test ACP agent sits behind the server, for the bridge's page test.
+    let agent =
+        tandem::config::AgentSpec::new("acp-test", agent_bin().to_string_lossy(), Vec::new());
+    let server = TestServer::start_with(tandem::Config {
+        agents: vec![agent],
+        ..tandem::Config::default()
+    })
+    .await;
     let mut node = tokio::process::Command::new("node");
     node.args([
         "--test",
@@ -171,8 +178,8 @@ async fn the_web_client_works_in_headless_chromium() {
         out.status
     );
     assert!(
-        stdout.contains("pass 3"),
-        "all three browser tests ran:\n{stdout}"
+        stdout.contains("pass 4"),
+        "all four browser tests ran:\n{stdout}"
     );
     server.stop().await;
 }

@@ -10,8 +10,9 @@ use serde_json::{json, Value};
 use tandem::config::AgentSpec;
 use tandem::Config;
 
-use crate::acp_agent::agent_bin;
-use crate::common::{self, action, last_turn_markdown, ChatMirror, TestClient, TestServer};
+use crate::common::{
+    self, action, agent_bin, last_turn_markdown, temp_dir, ChatMirror, TestClient, TestServer,
+};
 
 const AGENT: &str = "testagent";
 
@@ -107,7 +108,7 @@ fn confirm(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_drive_one_acp_agent_stream_approve_cancel_and_survive_its_crash() {
-    let dir = tempdir();
+    let dir = temp_dir("acp");
     let log = dir.join("agent.log");
     let server = TestServer::start_with(config(vec![spec(&log, &[])], None)).await;
     let mut a = server.client("alice").await;
@@ -224,7 +225,7 @@ async fn two_clients_drive_one_acp_agent_stream_approve_cancel_and_survive_its_c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_cannot_hold_a_session_fails_create_session_clearly() {
-    let dir = tempdir();
+    let dir = temp_dir("acp");
     let log = dir.join("agent.log");
     let mut missing = spec(&log, &[]);
     missing.name = "missing".into();
@@ -262,7 +263,7 @@ async fn an_agent_that_cannot_hold_a_session_fails_create_session_clearly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_agent_ends_the_turn_with_an_error_and_the_next_turn_works() {
-    let dir = tempdir();
+    let dir = temp_dir("acp");
     let log = dir.join("agent.log");
     let server = TestServer::start_with(config(vec![spec(&log, &[])], None)).await;
     let mut a = server.client("dave").await;
@@ -301,71 +302,5 @@ async fn a_hung_agent_ends_the_turn_with_an_error_and_the_next_turn_works() {
         },
     )
     .await;
-    server.stop().await;
-}
-
-fn tempdir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tandem-acp-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn always_allow_and_always_reject_outlive_a_restart_and_a_killed_agent_aborts_its_request() {
-    let dir = tempdir();
-    let log = dir.join("agent.log");
-    let cfg = || config(vec![spec(&log, &[])], Some(dir.join("data")));
-    let server = TestServer::start_with(cfg()).await;
-    let mut a = server.client("erin").await;
-    let (_s, chat) = create(&a).await.expect("createSession");
-    let mut m = a.subscribe_chat(&chat).await;
-
-    let turn = a.start_turn(&chat, "/tool keep").await;
-    let (call, _) = pending_tool(&mut a, &mut m).await;
-    a.dispatch(&chat, confirm(&turn, &call, "allow-always", true))
-        .await;
-    finished(&mut a, &mut m, 1).await;
-    let turn = a.start_turn(&chat, "/tool drop").await;
-    let (call, _) = pending_tool(&mut a, &mut m).await;
-    a.dispatch(&chat, confirm(&turn, &call, "reject-always", false))
-        .await;
-    finished(&mut a, &mut m, 2).await;
-    assert!(last_turn_markdown(&m.state).contains(&"tool drop: reject-always".to_owned()));
-    assert_eq!(logged(&log, "permission").len(), 2);
-    drop(a);
-    server.stop().await;
-
-    // After a restart the host answers both tools from the session's grants.
-    let server = TestServer::start_with(cfg()).await;
-    let mut a = server.client("erin").await;
-    let mut m = a.subscribe_chat(&chat).await;
-    let before = m.state.turns.len();
-    a.start_turn(&chat, "/tool keep").await;
-    finished(&mut a, &mut m, before + 1).await;
-    assert!(last_turn_markdown(&m.state).contains(&"tool keep: allow-once".to_owned()));
-    a.start_turn(&chat, "/tool drop").await;
-    finished(&mut a, &mut m, before + 2).await;
-    assert!(last_turn_markdown(&m.state).contains(&"tool drop: reject-once".to_owned()));
-    let answers = logged(&log, "permission");
-    assert_eq!(answers.len(), 4, "one answer per request: {answers:?}");
-
-    // Killed while a person is being asked: chat/error, and the request is
-    // no longer pending anywhere.
-    a.start_turn(&chat, "/tool other").await;
-    pending_tool(&mut a, &mut m).await;
-    let pid = logged(&log, "start")
-        .last()
-        .and_then(|s| s["pid"].as_i64())
-        .expect("pid");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
-    let t = finished(&mut a, &mut m, before + 3).await.to_string();
-    assert!(t.contains("AgentExited") && t.contains("signal: 9"), "{t}");
-    assert!(!t.contains("pending-confirmation"), "{t}");
-    let fresh = common::fresh_chat(&server, &chat).await;
-    assert_eq!(fresh, m.state, "every client sees the same state");
     server.stop().await;
 }

@@ -318,6 +318,55 @@ test('URL request with a confirm step; deny with a reason; approve for this sess
   await p.context().close();
 });
 
+test('an ACP agent behind Tandem: two pages see its stream, one approves its permission request, the other sees it settle', async () => {
+  const a = await device(DESKTOP);
+  const b = await device(DESKTOP);
+  await a.goto(BASE);
+  await waitLive(a);
+  // The operator declared the test ACP agent; it is in the picker.
+  const agents = await a.locator('select[aria-label="Agent"] option').evaluateAll((els) => els.map((e) => e.value));
+  assert.ok(agents.includes('acp-test'), `the picker lists the ACP agent: ${agents}`);
+  await a.selectOption('select[aria-label="Agent"]', 'acp-test');
+  await a.click('[data-action="new-session"]');
+  await a.waitForSelector('.composer-input');
+  await b.goto(a.url());
+  await waitLive(b);
+  await b.waitForSelector('.composer-input');
+
+  const send = async (text) => {
+    await a.waitForSelector('.btn-send:not([disabled])');
+    await a.fill('.composer-input', text);
+    await a.press('.composer-input', 'Enter');
+  };
+  // The agent streams; both pages show the whole answer.
+  await send('/stream 6 30');
+  for (const p of [a, b]) {
+    await p.waitForFunction(() => [...document.querySelectorAll('.markdown')].some((m) => m.textContent.includes('chunk 6')));
+  }
+
+  // A permission request: both pages show the agent's own options; A allows it once.
+  await send('/tool deploy');
+  const tool = (p) => p.locator('.tool-card').last();
+  for (const p of [a, b]) await p.waitForSelector('.tool-card[data-status="pending-confirmation"]');
+  assert.deepEqual(
+    await tool(b).locator('[data-option]').evaluateAll((els) => els.map((e) => e.dataset.option)),
+    ['allow-once', 'allow-always', 'reject-once', 'reject-always'],
+  );
+  await scrollCardIntoView(a, '.tool-card');
+  await shot(a, 'acp-approval-desktop.png');
+  await tool(a).locator('[data-option="allow-once"]').click();
+  for (const p of [a, b]) {
+    await p.waitForSelector('.tool-card[data-status="completed"]');
+    await p.waitForFunction(() => [...document.querySelectorAll('.markdown')].some((m) => m.textContent.includes('tool deploy: allow-once')));
+  }
+  assert.equal(await b.locator('.tool-card[data-status="pending-confirmation"]').count(), 0);
+  assert.deepEqual(await freshSnapshot(a), await freshSnapshot(b));
+  assert.deepEqual(a.errors, []);
+  assert.deepEqual(b.errors, []);
+  await a.context().close();
+  await b.context().close();
+});
+
 test('the client-side rules agree with the server on every question kind', async () => {
   const p = await device(DESKTOP);
   await p.goto(BASE);
