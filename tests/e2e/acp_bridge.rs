@@ -285,6 +285,37 @@ async fn a_hung_agent_ends_the_turn_with_an_error_and_the_next_turn_works() {
     a.start_turn(&chat, "/plan").await;
     let t = finished(&mut a, &mut m, 4).await.to_string();
     assert!(t.contains("**Plan**"), "{t}");
+    // A form question: asked like any other, the settled content goes back.
+    a.start_turn(&chat, "/form").await;
+    let mut rid = None;
+    a.wait_state(&mut m, |s| {
+        rid = common::open_request_id(s);
+        rid.is_some()
+    })
+    .await;
+    let sub = |v: Value| json!({"state": "submitted", "value": v});
+    let done = a
+        .dispatch(&chat, action(json!({"type": "chat/inputCompleted", "requestId": rid, "response": "accept", "answers": {
+            "name": sub(json!({"kind": "text", "value": "spring"})),
+            "count": sub(json!({"kind": "number", "value": 3}))
+        }})))
+        .await;
+    let echo = a.wait_echo(Some(&mut m), done).await;
+    assert!(
+        echo.rejection_reason.is_none(),
+        "{:?}",
+        echo.rejection_reason
+    );
+    finished(&mut a, &mut m, 5).await;
+    let said = last_turn_markdown(&m.state).concat();
+    assert!(
+        said.contains(r#""action":"accept""#) && said.contains(r#""name":"spring""#),
+        "{said}"
+    );
+    let got = logged(&log, "elicitation");
+    assert_eq!(got.len(), 1, "one answer: {got:?}");
+    assert_eq!(got[0]["response"]["content"]["count"], 3);
+
     let fresh = server.client("erin-2").await;
     common::eventually(
         "the agent's commands and mode in the session's _meta",
@@ -302,5 +333,65 @@ async fn a_hung_agent_ends_the_turn_with_an_error_and_the_next_turn_works() {
         },
     )
     .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_allow_and_always_reject_outlive_a_restart_and_a_killed_agent_aborts_its_request() {
+    let dir = temp_dir("acp");
+    let log = dir.join("agent.log");
+    let cfg = || config(vec![spec(&log, &[])], Some(dir.join("data")));
+    let server = TestServer::start_with(cfg()).await;
+    let mut a = server.client("erin").await;
+    let (_s, chat) = create(&a).await.expect("createSession");
+    let mut m = a.subscribe_chat(&chat).await;
+
+    let turn = a.start_turn(&chat, "/tool keep").await;
+    let (call, _) = pending_tool(&mut a, &mut m).await;
+    a.dispatch(&chat, confirm(&turn, &call, "allow-always", true))
+        .await;
+    finished(&mut a, &mut m, 1).await;
+    let turn = a.start_turn(&chat, "/tool drop").await;
+    let (call, _) = pending_tool(&mut a, &mut m).await;
+    a.dispatch(&chat, confirm(&turn, &call, "reject-always", false))
+        .await;
+    finished(&mut a, &mut m, 2).await;
+    assert!(last_turn_markdown(&m.state).contains(&"tool drop: reject-always".to_owned()));
+    assert_eq!(logged(&log, "permission").len(), 2);
+    drop(a);
+    server.stop().await;
+
+    // After a restart the host answers both tools from the session's grants.
+    let server = TestServer::start_with(cfg()).await;
+    let mut a = server.client("erin").await;
+    let mut m = a.subscribe_chat(&chat).await;
+    let before = m.state.turns.len();
+    a.start_turn(&chat, "/tool keep").await;
+    finished(&mut a, &mut m, before + 1).await;
+    assert!(last_turn_markdown(&m.state).contains(&"tool keep: allow-once".to_owned()));
+    a.start_turn(&chat, "/tool drop").await;
+    finished(&mut a, &mut m, before + 2).await;
+    assert!(last_turn_markdown(&m.state).contains(&"tool drop: reject-once".to_owned()));
+    let answers = logged(&log, "permission");
+    assert_eq!(answers.len(), 4, "one answer per request: {answers:?}");
+
+    // Killed while a person is being asked: chat/error, and the request is
+    // no longer pending anywhere.
+    a.start_turn(&chat, "/tool other").await;
+    pending_tool(&mut a, &mut m).await;
+    let pid = logged(&log, "start")
+        .last()
+        .and_then(|s| s["pid"].as_i64())
+        .expect("pid");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let t = finished(&mut a, &mut m, before + 3).await.to_string();
+    assert!(t.contains("AgentExited") && t.contains("signal: 9"), "{t}");
+    assert!(!t.contains("pending-confirmation"), "{t}");
+    let fresh = common::fresh_chat(&server, &chat).await;
+    assert_eq!(fresh, m.state, "every client sees the same state");
     server.stop().await;
 }

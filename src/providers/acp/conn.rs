@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ContentBlock, InitializeRequest, NewSessionRequest, PromptRequest,
+    CancelNotification, ClientCapabilities, ContentBlock, CreateElicitationRequest,
+    CreateElicitationResponse, ElicitationCapabilities, ElicitationFormCapabilities,
+    ElicitationUrlCapabilities, InitializeRequest, NewSessionRequest, PromptRequest,
     PromptResponse, RequestPermissionRequest, RequestPermissionResponse, SessionId,
     SessionNotification, TextContent,
 };
@@ -38,6 +40,11 @@ pub enum Event {
     Permission(
         Box<RequestPermissionRequest>,
         Responder<RequestPermissionResponse>,
+    ),
+    /// An `elicitation/create`, answered through the responder.
+    Elicitation(
+        Box<CreateElicitationRequest>,
+        Responder<CreateElicitationResponse>,
     ),
     /// A `session/prompt` was answered (or failed).
     PromptDone {
@@ -227,6 +234,7 @@ async fn run(
 ) {
     let updates = events.clone();
     let permissions = events.clone();
+    let elicitations = events.clone();
     let result = Client
         .v1()
         .name("tandem")
@@ -244,9 +252,26 @@ async fn run(
             },
             agent_client_protocol::on_receive_request!(),
         )
+        .on_receive_request(
+            async move |r: CreateElicitationRequest, responder, _cx| {
+                let _ = elicitations.send(Event::Elicitation(Box::new(r), responder));
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
         .connect_with(transport, async move |cx: ConnectionTo<AgentPeer>| {
             let init = cx
-                .send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .send_request(
+                    InitializeRequest::new(ProtocolVersion::V1).client_capabilities(
+                        // Questions, yes (every client can answer them); the
+                        // host's files and terminals, no.
+                        ClientCapabilities::new().elicitation(
+                            ElicitationCapabilities::new()
+                                .form(ElicitationFormCapabilities::new())
+                                .url(ElicitationUrlCapabilities::new()),
+                        ),
+                    ),
+                )
                 .block_task()
                 .await;
             if let Err(e) = init {

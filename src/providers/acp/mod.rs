@@ -12,6 +12,7 @@
 //! new one.
 
 pub mod conn;
+pub mod elicit;
 pub mod map;
 pub mod permission;
 
@@ -136,6 +137,12 @@ impl Agent for AcpAgent {
     }
 }
 
+/// A question of the agent's was settled (or a permission request decided).
+enum Answered {
+    Permission(Box<Decided>),
+    Elicitation { acp_session: String },
+}
+
 /// A permission request answered by a person (or the session's policy).
 struct Decided {
     acp_session: String,
@@ -164,7 +171,7 @@ struct Bridge {
     session: String,
     process: Option<Arc<Process>>,
     events: Option<mpsc::UnboundedReceiver<Event>>,
-    decided_tx: mpsc::UnboundedSender<Decided>,
+    decided_tx: mpsc::UnboundedSender<Answered>,
     /// The ACP session opened at `createSession`, not yet any chat's.
     spare: Option<String>,
     /// Chat → its ACP session.
@@ -203,7 +210,7 @@ impl Bridge {
     async fn run(
         mut self,
         mut cmds: mpsc::UnboundedReceiver<Cmd>,
-        mut decided: mpsc::UnboundedReceiver<Decided>,
+        mut decided: mpsc::UnboundedReceiver<Answered>,
     ) {
         let tick = std::time::Duration::from_millis(250);
         loop {
@@ -218,7 +225,10 @@ impl Bridge {
                     Some(cmd) => self.command(cmd).await,
                     None => break,
                 },
-                Some(d) = decided.recv() => self.decided(d).await,
+                Some(a) = decided.recv() => match a {
+                    Answered::Permission(d) => self.decided(*d).await,
+                    Answered::Elicitation { acp_session } => self.asked_done(&acp_session),
+                },
                 ev = event => match ev {
                     Some(ev) => {
                         self.last_heard = Instant::now();
@@ -375,6 +385,7 @@ impl Bridge {
                 emit_all(&turn.handle, mapped.actions).await;
             }
             Event::Permission(request, responder) => self.permission(request, responder).await,
+            Event::Elicitation(request, responder) => self.elicitation(request, responder),
             Event::PromptDone {
                 session,
                 tag,
@@ -441,14 +452,54 @@ impl Bridge {
         let tool_call_id = request.tool_call.tool_call_id.to_string();
         tokio::spawn(async move {
             let settlement = handle.interact(interaction).await;
-            let _ = decided.send(Decided {
+            let _ = decided.send(Answered::Permission(Box::new(Decided {
                 acp_session: acp,
                 tool_call_id,
                 settlement,
                 request,
                 responder,
-            });
+            })));
         });
+    }
+
+    /// A form or URL question: asked like any other, the settled answer
+    /// goes back.
+    fn elicitation(
+        &mut self,
+        request: Box<agent_client_protocol::v1::schema::CreateElicitationRequest>,
+        responder: Responder<agent_client_protocol::v1::schema::CreateElicitationResponse>,
+    ) {
+        // Scoped to a session, or to the one prompt that is running.
+        let acp = elicit::session_of(&request).or_else(|| {
+            (self.turns.len() == 1)
+                .then(|| self.turns.keys().next().cloned())
+                .flatten()
+        });
+        let (Some(acp), Ok(interaction)) = (acp, elicit::interaction(&request)) else {
+            let _ = responder.respond(elicit::cancelled());
+            return;
+        };
+        let Some(turn) = self.turns.get_mut(&acp) else {
+            let _ = responder.respond(elicit::cancelled());
+            return;
+        };
+        turn.asking += 1;
+        let handle = turn.handle.clone();
+        let done = self.decided_tx.clone();
+        tokio::spawn(async move {
+            let settlement = handle.interact(interaction).await;
+            if let Err(e) = responder.respond(elicit::answer(&settlement)) {
+                tracing::debug!(error = %e, "elicitation answer not delivered");
+            }
+            let _ = done.send(Answered::Elicitation { acp_session: acp });
+        });
+    }
+
+    fn asked_done(&mut self, acp: &str) {
+        if let Some(turn) = self.turns.get_mut(acp) {
+            turn.asking = turn.asking.saturating_sub(1);
+        }
+        self.last_heard = Instant::now();
     }
 
     async fn decided(&mut self, d: Decided) {
