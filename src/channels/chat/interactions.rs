@@ -164,15 +164,7 @@ impl ChatActor {
         let Some(reply) = self.on_active_turn(&ask.turn_id, ask.reply) else {
             return;
         };
-        let ToolAsk {
-            turn_id,
-            tool_call_id,
-            tool_name,
-            input,
-            editable,
-            options,
-            ..
-        } = ask;
+        let (turn_id, tool_call_id, tool_name) = (ask.turn_id, ask.tool_call_id, ask.tool_name);
         let mut actions = Vec::new();
         if find_tool(&self.state, &tool_call_id).is_none() {
             actions.push(StateAction::ChatToolCallStart(ChatToolCallStartAction {
@@ -189,7 +181,7 @@ impl ChatActor {
             Auto::Approve(reason) => Some(reason.clone()),
             Auto::Ask | Auto::Deny => None,
         };
-        let offered = match &options {
+        let offered = match &ask.options {
             Some(o) => confirmation_options(o),
             None => tool_options(),
         };
@@ -200,11 +192,11 @@ impl ChatActor {
             contributor: None,
             intention: None,
             invocation_message: format!("Run `{tool_name}`").into(),
-            tool_input: Some(ToolInput::Inline(input)),
+            tool_input: Some(ToolInput::Inline(ask.input)),
             confirmation_title: Some(format!("Allow `{tool_name}`?").into()),
             risk_assessment: None,
             edits: None,
-            editable: Some(editable),
+            editable: Some(ask.editable),
             confirmed: confirmed.clone(),
             options: confirmed.is_none().then_some(offered),
         }));
@@ -241,7 +233,8 @@ impl ChatActor {
                 });
             }
             Auto::Ask => {
-                let always = options
+                let always = ask
+                    .options
                     .iter()
                     .flatten()
                     .filter(|o| o.kind.always())

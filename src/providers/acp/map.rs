@@ -314,7 +314,7 @@ impl TurnMap {
 
     fn tool_call_update(&mut self, u: &ToolCallUpdate, out: &mut Mapped) {
         let id = u.tool_call_id.to_string();
-        let Some(entry) = self.tools.get_mut(&id) else {
+        if !self.tools.contains_key(&id) {
             // An update of a call never announced: announce it now.
             let title = u.fields.title.clone().unwrap_or_else(|| "tool call".into());
             out.actions
@@ -324,37 +324,26 @@ impl TurnMap {
                 ToolEntry {
                     phase: ToolPhase::Announced,
                     title,
-                    content: u
-                        .fields
-                        .content
-                        .as_deref()
-                        .map(tool_content)
-                        .unwrap_or_default(),
+                    content: Vec::new(),
                 },
             );
-            self.advance(
-                &id,
-                u.fields.status,
-                u.fields.kind,
-                u.fields.raw_output.as_ref(),
-                out,
-            );
-            return;
-        };
-        if let Some(title) = &u.fields.title {
-            entry.title = title.clone();
         }
-        if let Some(content) = &u.fields.content {
-            entry.content = tool_content(content);
-            if entry.phase == ToolPhase::Running && u.fields.status.is_none() {
-                out.actions.push(StateAction::ChatToolCallContentChanged(
-                    ChatToolCallContentChangedAction {
-                        turn_id: self.turn_id.clone(),
-                        tool_call_id: id.clone(),
-                        meta: Some(acp_meta(json_of(u))),
-                        content: entry.content.clone(),
-                    },
-                ));
+        if let Some(entry) = self.tools.get_mut(&id) {
+            if let Some(title) = &u.fields.title {
+                entry.title = title.clone();
+            }
+            if let Some(content) = &u.fields.content {
+                entry.content = tool_content(content);
+                if entry.phase == ToolPhase::Running && u.fields.status.is_none() {
+                    out.actions.push(StateAction::ChatToolCallContentChanged(
+                        ChatToolCallContentChangedAction {
+                            turn_id: self.turn_id.clone(),
+                            tool_call_id: id.clone(),
+                            meta: Some(acp_meta(json_of(u))),
+                            content: entry.content.clone(),
+                        },
+                    ));
+                }
             }
         }
         self.advance(
