@@ -233,29 +233,33 @@ impl TurnMap {
     /// permission request's own description, if the agent had not).
     pub fn asking(&mut self, update: &ToolCallUpdate) -> Vec<StateAction> {
         let id = update.tool_call_id.to_string();
-        let mut actions = Vec::new();
-        if !self.tools.contains_key(&id) {
-            let title = update
-                .fields
-                .title
-                .clone()
-                .unwrap_or_else(|| "tool call".to_owned());
-            actions.push(self.start(&id, &title, update.fields.name.as_deref(), json_of(update)));
-            self.tools.insert(
-                id.clone(),
-                ToolEntry {
-                    phase: ToolPhase::Announced,
-                    title,
-                    content: Vec::new(),
-                },
-            );
-        }
+        let actions: Vec<StateAction> = self.announce_unseen(update).into_iter().collect();
         if let Some(t) = self.tools.get_mut(&id) {
             if t.phase == ToolPhase::Announced {
                 t.phase = ToolPhase::Asked;
             }
         }
         actions
+    }
+
+    /// `chat/toolCallStart` for a call the agent names first in an update
+    /// (or a permission request), from what that says of it.
+    fn announce_unseen(&mut self, u: &ToolCallUpdate) -> Option<StateAction> {
+        let id = u.tool_call_id.to_string();
+        if self.tools.contains_key(&id) {
+            return None;
+        }
+        let title = u.fields.title.clone().unwrap_or_else(|| "tool call".into());
+        let start = self.start(&id, &title, u.fields.name.as_deref(), json_of(u));
+        self.tools.insert(
+            id,
+            ToolEntry {
+                phase: ToolPhase::Announced,
+                title,
+                content: Vec::new(),
+            },
+        );
+        Some(start)
     }
 
     /// The person (or the session's policy) decided about tool call `id`.
@@ -314,20 +318,8 @@ impl TurnMap {
 
     fn tool_call_update(&mut self, u: &ToolCallUpdate, out: &mut Mapped) {
         let id = u.tool_call_id.to_string();
-        if !self.tools.contains_key(&id) {
-            // An update of a call never announced: announce it now.
-            let title = u.fields.title.clone().unwrap_or_else(|| "tool call".into());
-            out.actions
-                .push(self.start(&id, &title, u.fields.name.as_deref(), json_of(u)));
-            self.tools.insert(
-                id.clone(),
-                ToolEntry {
-                    phase: ToolPhase::Announced,
-                    title,
-                    content: Vec::new(),
-                },
-            );
-        }
+        // An update of a call never announced: announce it now.
+        out.actions.extend(self.announce_unseen(u));
         if let Some(entry) = self.tools.get_mut(&id) {
             if let Some(title) = &u.fields.title {
                 entry.title = title.clone();
