@@ -1,0 +1,504 @@
+//! The bridge of one Tandem session: a task that owns the session's agent
+//! process, maps what the agent sends onto the chats' running turns, puts
+//! its questions to people and sends back exactly one answer each, and ends
+//! turns when the process exits or hangs.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use agent_client_protocol::v1::schema::{
+    RequestPermissionRequest, RequestPermissionResponse, StopReason,
+};
+use agent_client_protocol::v1::Responder;
+use ahp_types::actions::{ChatTurnCompleteAction, StateAction};
+use serde_json::Map;
+use tokio::sync::mpsc;
+
+use super::conn::{Event, Process};
+use super::map::{self, json_of, TurnMap};
+use super::{elicit, permission, Cmd};
+use crate::channels::agent::{AgentTurn, ChatHandle};
+use crate::channels::chat::chat_error;
+use crate::config::AgentSpec;
+use crate::interactions::Settlement;
+use crate::time::millis_since;
+
+/// A question of the agent's was settled (or a permission request decided).
+enum Answered {
+    Permission(Box<Decided>),
+    Elicitation { acp_session: String },
+}
+
+/// A permission request answered by a person (or the session's policy).
+struct Decided {
+    acp_session: String,
+    tool_call_id: String,
+    settlement: Settlement,
+    request: Box<RequestPermissionRequest>,
+    responder: Responder<RequestPermissionResponse>,
+}
+
+/// A turn the agent is working on.
+struct Turn {
+    chat: String,
+    handle: ChatHandle,
+    map: TurnMap,
+    /// People are being asked something: the agent waits, not hangs.
+    asking: usize,
+    cancelled: bool,
+    /// The prompt failed without the process exiting (yet): the error, and
+    /// when to report it if no exit comes to name a better cause.
+    failed: Option<(String, Instant)>,
+}
+
+/// The bridge of one session: owns its process and turns.
+pub(super) struct Bridge {
+    spec: Arc<AgentSpec>,
+    session: String,
+    process: Option<Arc<Process>>,
+    events: Option<mpsc::UnboundedReceiver<Event>>,
+    decided_tx: mpsc::UnboundedSender<Answered>,
+    /// The ACP session opened at `createSession`, not yet any chat's.
+    spare: Option<String>,
+    /// Chat → its ACP session.
+    chats: HashMap<String, String>,
+    /// ACP session → its running turn.
+    turns: HashMap<String, Turn>,
+    /// Chat → a handle from its latest turn, to keep what the agent says
+    /// between turns.
+    handles: HashMap<String, ChatHandle>,
+    last_heard: Instant,
+    /// Why the process was stopped, if the bridge stopped it.
+    stopped_because: Option<String>,
+}
+
+impl Bridge {
+    /// Start the bridge of `session`: its commands go to the sender.
+    pub(super) fn start(spec: Arc<AgentSpec>, session: String) -> mpsc::UnboundedSender<Cmd> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (decided_tx, decided_rx) = mpsc::unbounded_channel();
+        let bridge = Bridge {
+            spec,
+            session,
+            process: None,
+            events: None,
+            decided_tx,
+            spare: None,
+            chats: HashMap::new(),
+            turns: HashMap::new(),
+            handles: HashMap::new(),
+            last_heard: Instant::now(),
+            stopped_because: None,
+        };
+        tokio::spawn(bridge.run(rx, decided_rx));
+        tx
+    }
+
+    async fn run(
+        mut self,
+        mut cmds: mpsc::UnboundedReceiver<Cmd>,
+        mut decided: mpsc::UnboundedReceiver<Answered>,
+    ) {
+        let tick = std::time::Duration::from_millis(250);
+        loop {
+            let event = async {
+                match self.events.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                cmd = cmds.recv() => match cmd {
+                    Some(cmd) => self.command(cmd).await,
+                    None => break,
+                },
+                Some(a) = decided.recv() => match a {
+                    Answered::Permission(d) => self.decided(*d).await,
+                    Answered::Elicitation { acp_session } => self.asked_done(&acp_session),
+                },
+                ev = event => match ev {
+                    Some(ev) => {
+                        self.last_heard = Instant::now();
+                        self.event(ev).await;
+                    }
+                    None => self.events = None,
+                },
+                _ = tokio::time::sleep(tick) => self.check_time().await,
+            }
+        }
+        if let Some(p) = self.process.take() {
+            p.stop();
+        }
+        tracing::debug!(session = %self.session, "agent bridge stopped");
+    }
+
+    async fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Open(reply) => {
+                let opened = self.open().await;
+                if let Ok(id) = &opened {
+                    self.spare = Some(id.clone());
+                }
+                let _ = reply.send(opened.map(|_| ()));
+            }
+            Cmd::Turn(turn) => self.start_turn(*turn).await,
+            Cmd::Cancel { chat, turn_id } => {
+                let Some(acp) = self.chats.get(&chat).cloned() else {
+                    return;
+                };
+                if let Some(t) = self.turns.get_mut(&acp) {
+                    if t.handle.turn_id == turn_id {
+                        t.cancelled = true;
+                        if let Some(p) = &self.process {
+                            p.cancel(&acp);
+                        }
+                    }
+                }
+            }
+            Cmd::Ended { chat, turn_id } => {
+                if let Some(acp) = self.chats.get(&chat) {
+                    if self
+                        .turns
+                        .get(acp)
+                        .is_some_and(|t| t.handle.turn_id == turn_id && !t.cancelled)
+                    {
+                        self.turns.remove(acp);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A running process (started if needed) and a new ACP session in it.
+    async fn open(&mut self) -> Result<String, String> {
+        let process = self.process().await?;
+        let cwd = match &self.spec.cwd {
+            Some(cwd) => cwd.clone(),
+            None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+        };
+        let timeout = self.spec.start_timeout();
+        match tokio::time::timeout(timeout, process.new_session(cwd)).await {
+            Ok(Ok(id)) => Ok(id),
+            Ok(Err(e)) if e.contains("-32601") || e.to_lowercase().contains("method not found") => {
+                Err(format!(
+                    "the agent does not support `session/new` ({e}), so it cannot hold a session"
+                ))
+            }
+            Ok(Err(e)) => Err(format!("`session/new` failed: {e}")),
+            Err(_) => Err(format!(
+                "no answer to `session/new` within {} s",
+                timeout.as_secs()
+            )),
+        }
+    }
+
+    async fn process(&mut self) -> Result<Arc<Process>, String> {
+        if let Some(p) = &self.process {
+            return Ok(p.clone());
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let p = Process::start(&self.spec, tx).await?;
+        tracing::info!(agent = %self.spec.name, session = %self.session, pid = ?p.pid, "agent process started");
+        self.process = Some(p.clone());
+        self.events = Some(rx);
+        self.stopped_because = None;
+        Ok(p)
+    }
+
+    async fn start_turn(&mut self, turn: AgentTurn) {
+        let chat = turn.handle.chat.to_string();
+        let handle = turn.handle;
+        let acp = match self.chats.get(&chat).cloned() {
+            Some(acp) if self.process.is_some() => Ok(acp),
+            _ => match self.spare.take().filter(|_| self.process.is_some()) {
+                Some(spare) => Ok(spare),
+                None => self.open().await,
+            },
+        };
+        let process = match (&acp, &self.process) {
+            (Ok(_), Some(p)) => Ok(p.clone()),
+            (Err(e), _) => Err(e.clone()),
+            (Ok(_), None) => Err("the agent process is gone".to_owned()),
+        };
+        let (acp, process) = match (acp, process) {
+            (Ok(acp), Ok(p)) => (acp, p),
+            (Err(e), _) | (_, Err(e)) => {
+                let err = chat_error(
+                    &handle.turn_id,
+                    &handle.started_at,
+                    "AgentUnavailable",
+                    &format!("agent `{}` could not start: {e}", self.spec.name),
+                );
+                let _ = handle.emit(err).await;
+                return;
+            }
+        };
+        self.chats.insert(chat.clone(), acp.clone());
+        self.handles.insert(chat.clone(), handle.clone());
+        self.last_heard = Instant::now();
+        if let Err(e) = process.prompt(&acp, turn.message.text, handle.turn_id.clone()) {
+            let err = chat_error(&handle.turn_id, &handle.started_at, "AgentUnavailable", &e);
+            let _ = handle.emit(err).await;
+            return;
+        }
+        self.turns.insert(
+            acp,
+            Turn {
+                chat,
+                map: TurnMap::new(handle.turn_id.clone()),
+                handle,
+                asking: 0,
+                cancelled: false,
+                failed: None,
+            },
+        );
+    }
+
+    async fn event(&mut self, ev: Event) {
+        match ev {
+            Event::Update(n) => {
+                let acp = n.session_id.to_string();
+                let Some(turn) = self.turns.get_mut(&acp) else {
+                    // Between turns: keep what it says about the chat.
+                    if let Some(chat) = self.chat_of(&acp) {
+                        self.note_outside_turn(&chat, &n.update);
+                    }
+                    return;
+                };
+                let mapped = turn.map.update(&n.update);
+                for note in mapped.notes {
+                    turn.handle.note(note.key, note.value);
+                }
+                emit_all(&turn.handle, mapped.actions).await;
+            }
+            Event::Permission(request, responder) => self.permission(request, responder).await,
+            Event::Elicitation(request, responder) => self.elicitation(request, responder),
+            Event::PromptDone {
+                session,
+                tag,
+                result,
+            } => self.prompt_done(session, tag, result).await,
+            Event::Exited(cause) => {
+                let cause = match self.stopped_because.take() {
+                    Some(why) => format!("{why} ({cause})"),
+                    None => cause,
+                };
+                tracing::warn!(agent = %self.spec.name, session = %self.session, %cause, "agent process gone");
+                self.process = None;
+                self.events = None;
+                self.spare = None;
+                self.chats.clear();
+                for (_, turn) in self.turns.drain() {
+                    let h = &turn.handle;
+                    let err = chat_error(&h.turn_id, &h.started_at, "AgentExited", &cause);
+                    let _ = h.emit(err).await;
+                }
+            }
+        }
+    }
+
+    fn chat_of(&self, acp: &str) -> Option<String> {
+        self.chats
+            .iter()
+            .find(|(_, a)| a.as_str() == acp)
+            .map(|(c, _)| c.clone())
+    }
+
+    /// Between turns nothing can be added to the chat: everything the
+    /// agent says goes to the session's `_meta`, whole.
+    fn note_outside_turn(
+        &self,
+        chat: &str,
+        update: &agent_client_protocol::v1::schema::SessionUpdate,
+    ) {
+        let note = map::note_of(update);
+        match self.handles.get(chat) {
+            Some(h) => h.note(note.key, note.value),
+            None => {
+                tracing::debug!(session = %self.session, update = %note.value, "agent update before any turn")
+            }
+        }
+    }
+
+    async fn permission(
+        &mut self,
+        request: Box<RequestPermissionRequest>,
+        responder: Responder<RequestPermissionResponse>,
+    ) {
+        let acp = request.session_id.to_string();
+        let Some(turn) = self.turns.get_mut(&acp) else {
+            let _ = responder.respond(permission::cancelled());
+            return;
+        };
+        let shown = turn.map.asking(&request.tool_call);
+        emit_all(&turn.handle, shown).await;
+        turn.asking += 1;
+        let interaction = permission::interaction(&request);
+        let handle = turn.handle.clone();
+        let decided = self.decided_tx.clone();
+        let tool_call_id = request.tool_call.tool_call_id.to_string();
+        tokio::spawn(async move {
+            let settlement = handle.interact(interaction).await;
+            let _ = decided.send(Answered::Permission(Box::new(Decided {
+                acp_session: acp,
+                tool_call_id,
+                settlement,
+                request,
+                responder,
+            })));
+        });
+    }
+
+    /// A form or URL question: asked like any other, the settled answer
+    /// goes back.
+    fn elicitation(
+        &mut self,
+        request: Box<agent_client_protocol::v1::schema::CreateElicitationRequest>,
+        responder: Responder<agent_client_protocol::v1::schema::CreateElicitationResponse>,
+    ) {
+        // Scoped to a session, or to the one prompt that is running.
+        let acp = elicit::session_of(&request).or_else(|| {
+            (self.turns.len() == 1)
+                .then(|| self.turns.keys().next().cloned())
+                .flatten()
+        });
+        let (Some(acp), Ok(interaction)) = (acp, elicit::interaction(&request)) else {
+            let _ = responder.respond(elicit::cancelled());
+            return;
+        };
+        let Some(turn) = self.turns.get_mut(&acp) else {
+            let _ = responder.respond(elicit::cancelled());
+            return;
+        };
+        turn.asking += 1;
+        let handle = turn.handle.clone();
+        let done = self.decided_tx.clone();
+        tokio::spawn(async move {
+            let settlement = handle.interact(interaction).await;
+            if let Err(e) = responder.respond(elicit::answer(&settlement)) {
+                tracing::debug!(error = %e, "elicitation answer not delivered");
+            }
+            let _ = done.send(Answered::Elicitation { acp_session: acp });
+        });
+    }
+
+    fn asked_done(&mut self, acp: &str) {
+        if let Some(turn) = self.turns.get_mut(acp) {
+            turn.asking = turn.asking.saturating_sub(1);
+        }
+        self.last_heard = Instant::now();
+    }
+
+    async fn decided(&mut self, d: Decided) {
+        let answer = permission::answer(&d.request, &d.settlement);
+        if let Some(turn) = self.turns.get_mut(&d.acp_session) {
+            turn.asking = turn.asking.saturating_sub(1);
+            turn.map
+                .decided(&d.tool_call_id, permission::approved(&d.settlement));
+        }
+        self.last_heard = Instant::now();
+        if let Err(e) = d.responder.respond(answer) {
+            tracing::debug!(session = %self.session, error = %e, "permission answer not delivered");
+        }
+    }
+
+    async fn prompt_done(
+        &mut self,
+        acp: String,
+        tag: String,
+        result: Result<agent_client_protocol::v1::schema::PromptResponse, String>,
+    ) {
+        let Some(turn) = self.turns.get_mut(&acp) else {
+            return;
+        };
+        if turn.handle.turn_id != tag {
+            return;
+        }
+        let response = match result {
+            Ok(r) => r,
+            Err(e) => {
+                // Perhaps the process is dying: its exit names the cause
+                // better, so give it a moment.
+                turn.failed = Some((e, Instant::now() + std::time::Duration::from_secs(1)));
+                return;
+            }
+        };
+        let Some(turn) = self.turns.remove(&acp) else {
+            return;
+        };
+        let h = &turn.handle;
+        let stop = json_of(&response.stop_reason);
+        let action = match response.stop_reason {
+            StopReason::Refusal => chat_error(
+                &h.turn_id,
+                &h.started_at,
+                "Refusal",
+                "the agent refused to continue",
+            ),
+            StopReason::Cancelled if turn.cancelled => return,
+            _ => StateAction::ChatTurnComplete(ChatTurnCompleteAction {
+                turn_id: h.turn_id.clone(),
+                duration: millis_since(&h.started_at),
+                meta: Some(Map::from_iter([("tandem/stopReason".to_owned(), stop)])),
+            }),
+        };
+        if let Err(r) = h.emit(action).await {
+            tracing::debug!(chat = %turn.chat, reason = %r, "turn end not published");
+        }
+    }
+
+    /// Report prompt failures that no exit explained, and stop a process
+    /// that went silent mid-turn while nobody was being asked anything.
+    async fn check_time(&mut self) {
+        let now = Instant::now();
+        let failed: Vec<String> = self
+            .turns
+            .iter()
+            .filter(|(_, t)| t.failed.as_ref().is_some_and(|(_, at)| *at <= now))
+            .map(|(acp, _)| acp.clone())
+            .collect();
+        for acp in failed {
+            if let Some(turn) = self.turns.remove(&acp) {
+                let h = &turn.handle;
+                let e = turn.failed.map(|(e, _)| e).unwrap_or_default();
+                let err = chat_error(
+                    &h.turn_id,
+                    &h.started_at,
+                    "AgentError",
+                    &format!("the agent failed the prompt: {e}"),
+                );
+                let _ = h.emit(err).await;
+            }
+        }
+        let waiting = self
+            .turns
+            .values()
+            .any(|t| t.asking == 0 && t.failed.is_none());
+        let idle = self.spec.idle_timeout();
+        if waiting && self.stopped_because.is_none() && now.duration_since(self.last_heard) > idle {
+            if let Some(p) = &self.process {
+                self.stopped_because = Some(format!(
+                    "the agent did not answer for {} s and was stopped",
+                    idle.as_secs()
+                ));
+                p.stop();
+            }
+        }
+    }
+}
+
+/// Emit mapped actions in order; a tool call the agent runs on its own is
+/// reported, not held for approval.
+async fn emit_all(handle: &ChatHandle, actions: Vec<StateAction>) {
+    for action in actions {
+        let sent = match &action {
+            StateAction::ChatToolCallReady(_) => handle.report(action).await,
+            _ => handle.emit(action).await,
+        };
+        if let Err(r) = sent {
+            tracing::debug!(chat = %handle.chat, reason = %r, "agent update not published");
+        }
+    }
+}
