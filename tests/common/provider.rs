@@ -128,6 +128,23 @@ impl Provider {
             .expect("requestInteraction")
     }
 
+    /// Ask for an interaction without waiting: the answer arrives through the
+    /// returned task once a person settles it.
+    pub fn interact_later(
+        &self,
+        chat: &str,
+        turn: &str,
+        interaction: Value,
+    ) -> tokio::task::JoinHandle<Result<Value, ClientError>> {
+        let client = self.client.clone();
+        let params = json!({"channel": chat, "turnId": turn, "interaction": interaction});
+        tokio::spawn(async move {
+            client
+                .request::<_, Value>("tandem/requestInteraction", params)
+                .await
+        })
+    }
+
     /// Dispatch an action; returns its `clientSeq`.
     pub async fn act(&self, chat: &str, a: Value) -> i64 {
         self.client

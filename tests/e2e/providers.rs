@@ -176,17 +176,7 @@ async fn every_outcome_reaches_the_provider_once() {
         if interaction["kind"] == "input" {
             interaction["request"]["id"] = json!(uuid::Uuid::new_v4().to_string());
         }
-        let call = {
-            let (client, chat, turn) = (agent.client.clone(), chat.to_owned(), turn.clone());
-            tokio::spawn(async move {
-                client
-                    .request::<_, Value>(
-                        "tandem/requestInteraction",
-                        json!({"channel": chat, "turnId": turn, "interaction": interaction}),
-                    )
-                    .await
-            })
-        };
+        let call = agent.interact_later(chat, &turn, interaction);
         u.wait_state(m, |s| {
             s.active_turn.as_ref().is_some_and(|t| {
                 t.response_parts.iter().any(|p| matches!(p, ResponsePart::InputRequest(i) if i.response.is_none())
@@ -300,17 +290,7 @@ async fn every_outcome_reaches_the_provider_once() {
     let (_, turn, _) = agent.next_turn().await;
     let mut last = ask.clone();
     last["request"]["id"] = json!("last");
-    let call = {
-        let (client, chat, turn) = (agent.client.clone(), chat.clone(), turn.clone());
-        tokio::spawn(async move {
-            client
-                .request::<_, Value>(
-                    "tandem/requestInteraction",
-                    json!({"channel": chat, "turnId": turn, "interaction": last}),
-                )
-                .await
-        })
-    };
+    let call = agent.interact_later(&chat, &turn, last);
     u.wait_state(&mut m, |s| open_request_id(s).is_some()).await;
     let _: Value = u
         .client
@@ -371,22 +351,7 @@ async fn always_allow_applies_from_the_next_checkpoint_and_grants_cover_one_tool
     let ask_tool = |id: &str, name: &str| json!({"kind": "toolApproval", "toolCallId": id, "toolName": name, "input": "{}"});
 
     // A confirmation is pending when the mode flips to always-allow.
-    let first = {
-        let (client, chat, turn, i) = (
-            agent.client.clone(),
-            chat.clone(),
-            turn.clone(),
-            ask_tool("c1", "write"),
-        );
-        tokio::spawn(async move {
-            client
-                .request::<_, Value>(
-                    "tandem/requestInteraction",
-                    json!({"channel": chat, "turnId": turn, "interaction": i}),
-                )
-                .await
-        })
-    };
+    let first = agent.interact_later(&chat, &turn, ask_tool("c1", "write"));
     u.wait_state(&mut m, |_| true).await;
     u.wait_state(&mut m, |s| {
         tool_state(
@@ -453,22 +418,7 @@ async fn always_allow_applies_from_the_next_checkpoint_and_grants_cover_one_tool
     // Grants: `write` is auto-confirmed, `delete` is not.
     let s = agent.interact(&chat, &turn, ask_tool("c3", "write")).await;
     assert_eq!(s["outcome"], "approved");
-    let pending = {
-        let (client, chat, turn, i) = (
-            agent.client.clone(),
-            chat.clone(),
-            turn.clone(),
-            ask_tool("c4", "delete"),
-        );
-        tokio::spawn(async move {
-            client
-                .request::<_, Value>(
-                    "tandem/requestInteraction",
-                    json!({"channel": chat, "turnId": turn, "interaction": i}),
-                )
-                .await
-        })
-    };
+    let pending = agent.interact_later(&chat, &turn, ask_tool("c4", "delete"));
     u.wait_state(&mut m, |s| {
         tool_state(
             &ChatMirror {

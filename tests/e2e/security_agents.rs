@@ -265,17 +265,11 @@ async fn an_agent_cannot_approve_its_own_tool_call_or_relax_its_session() {
     let mut m = u.subscribe_chat(&chat).await;
     u.start_turn(&chat, "deploy please").await;
     let (_, turn, _) = agent.next_turn().await;
-    let approval = {
-        let (client, chat, turn) = (agent.client.clone(), chat.clone(), turn.clone());
-        tokio::spawn(async move {
-            client
-                .request::<_, Value>(
-                    "tandem/requestInteraction",
-                    json!({"channel": chat, "turnId": turn, "interaction": {"kind": "toolApproval", "toolCallId": "deploy-1", "toolName": "deploy", "input": "{}"}}),
-                )
-                .await
-        })
-    };
+    let approval = agent.interact_later(
+        &chat,
+        &turn,
+        json!({"kind": "toolApproval", "toolCallId": "deploy-1", "toolName": "deploy", "input": "{}"}),
+    );
     u.wait_state(&mut m, |s| pending_tool(s, "deploy-1")).await;
 
     // The provider connection approves its own call for the whole session,
