@@ -17,6 +17,34 @@ use tandem::store::{
 };
 use tokio::sync::Notify;
 
+/// The `Journal` methods a test journal hands straight to its `inner`
+/// in-memory journal (each test journal writes only the ones it changes).
+macro_rules! pass_through {
+    () => {
+        fn create_channel(&self, info: ChannelInfo) -> Commit {
+            self.inner.create_channel(info)
+        }
+        fn remove(&self, channel: &ChannelUri) {
+            self.inner.remove(channel)
+        }
+        fn len(&self, channel: &ChannelUri) -> JournalPos {
+            self.inner.len(channel)
+        }
+        fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
+            self.inner.turns_before(chat, before, limit)
+        }
+        fn recover(&self) -> Result<Recovered, JournalError> {
+            self.inner.recover()
+        }
+        fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
+            self.inner.load_channel(uri)
+        }
+        fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
+            self.inner.bind_provider(provider, subject)
+        }
+    };
+}
+
 /// A journal that can hold the appends to one channel until the test
 /// releases them.
 #[derive(Default)]
@@ -28,9 +56,7 @@ struct GatedJournal {
 }
 
 impl Journal for GatedJournal {
-    fn create_channel(&self, info: ChannelInfo) -> Commit {
-        self.inner.create_channel(info)
-    }
+    pass_through!();
     fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
         let held = self.hold.lock().expect("lock").as_deref() == Some(channel.as_str());
         let release = self.release.clone();
@@ -45,26 +71,8 @@ impl Journal for GatedJournal {
             stored.await
         })
     }
-    fn remove(&self, channel: &ChannelUri) {
-        self.inner.remove(channel)
-    }
-    fn len(&self, channel: &ChannelUri) -> JournalPos {
-        self.inner.len(channel)
-    }
-    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
-        self.inner.turns_before(chat, before, limit)
-    }
     fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
         self.inner.reserve_seq(upto)
-    }
-    fn recover(&self) -> Result<Recovered, JournalError> {
-        self.inner.recover()
-    }
-    fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
-        self.inner.load_channel(uri)
-    }
-    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
-        self.inner.bind_provider(provider, subject)
     }
 }
 
@@ -196,9 +204,7 @@ struct FailingJournal {
 }
 
 impl Journal for FailingJournal {
-    fn create_channel(&self, info: ChannelInfo) -> Commit {
-        self.inner.create_channel(info)
-    }
+    pass_through!();
     fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
         if self.fail.load(Ordering::SeqCst) {
             return Box::pin(std::future::ready(Err(JournalError::Unavailable(
@@ -207,29 +213,11 @@ impl Journal for FailingJournal {
         }
         self.inner.append(channel, expected, batch)
     }
-    fn remove(&self, channel: &ChannelUri) {
-        self.inner.remove(channel)
-    }
-    fn len(&self, channel: &ChannelUri) -> JournalPos {
-        self.inner.len(channel)
-    }
-    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
-        self.inner.turns_before(chat, before, limit)
-    }
     fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
         if self.fail_reserve.load(Ordering::SeqCst) {
             return Err(JournalError::Unavailable("seq disk full".into()));
         }
         self.inner.reserve_seq(upto)
-    }
-    fn recover(&self) -> Result<Recovered, JournalError> {
-        self.inner.recover()
-    }
-    fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
-        self.inner.load_channel(uri)
-    }
-    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
-        self.inner.bind_provider(provider, subject)
     }
 }
 
