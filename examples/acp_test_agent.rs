@@ -12,6 +12,8 @@
 //! | `/tool2 NAME`       | `/tool NAME` twice in one turn                                   |
 //! | `/form`             | a form elicitation (if the client supports form elicitation)     |
 //! | `/url URL`          | a URL elicitation (if the client supports URL elicitation)       |
+//! | `/read PATH`        | asks the client for the file (`fs/read_text_file`), says the text |
+//! | `/write PATH TEXT`  | asks the client to write TEXT to the file (`fs/write_text_file`)  |
 //! | `/plan`             | a plan with three entries                                        |
 //! | `/extra`            | updates with no direct AHP shape (commands, mode, info, usage…)  |
 //! | `/stop REASON`      | one chunk, then stops with REASON                                |
@@ -20,7 +22,8 @@
 //! | anything else       | `echo: TEXT` in two or three chunks                              |
 //!
 //! Flags: `--minimal` answers `initialize` only; `--load-session` advertises and
-//! accepts `session/load`.
+//! accepts `session/load` (and replays one chunk, `replayed history of ID`,
+//! before answering it, as real agents replay the conversation).
 //!
 //! If `ACP_TEST_AGENT_LOG` names a file, the agent appends one JSON object per
 //! line for everything it receives or decides; tests count those lines, so no
@@ -45,11 +48,14 @@ use agent_client_protocol::v1::schema::{
     ElicitationFormMode, ElicitationSchema, ElicitationSessionScope, ElicitationUrlMode,
     Implementation, InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse,
     NewSessionRequest, NewSessionResponse, PermissionOption, PermissionOptionKind, Plan, PlanEntry,
-    PlanEntryPriority, PlanEntryStatus, PromptRequest, PromptResponse, RequestPermissionOutcome,
-    RequestPermissionRequest, ResourceLink, SessionId, SessionInfoUpdate, SessionMode,
-    SessionModeState, SessionNotification, SessionUpdate, SetSessionModeRequest,
+    PlanEntryPriority, PlanEntryStatus, PromptRequest, PromptResponse, ReadTextFileRequest,
+    RequestPermissionOutcome, RequestPermissionRequest, ResourceLink, SessionConfigOption,
+    SessionConfigOptionCategory, SessionConfigSelectOption, SessionId, SessionInfoUpdate,
+    SessionMode, SessionModeState, SessionNotification, SessionUpdate,
+    SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest,
     SetSessionModeResponse, StopReason, ToolCall, ToolCallContent, ToolCallId, ToolCallLocation,
     ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, UsageUpdate,
+    WriteTextFileRequest,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, ByteStreams, Client, Error, Stdio};
@@ -130,6 +136,20 @@ fn session_modes() -> SessionModeState {
             SessionMode::new("code", "Code"),
         ],
     )
+}
+
+/// Its one config option: a model selector, `fast` or `deep`.
+fn model_option(current: &str) -> SessionConfigOption {
+    SessionConfigOption::select(
+        "model",
+        "Model",
+        current.to_owned(),
+        vec![
+            SessionConfigSelectOption::new("fast", "Fast"),
+            SessionConfigSelectOption::new("deep", "Deep"),
+        ],
+    )
+    .category(SessionConfigOptionCategory::Model)
 }
 
 /// One running prompt turn.
@@ -221,6 +241,11 @@ impl Turn {
             }
             "/form" => self.form().await,
             "/url" if !rest.is_empty() => self.url(rest).await,
+            "/read" if !rest.is_empty() => self.read(rest).await,
+            "/write" if args.len() >= 2 => {
+                let content = rest[args[0].len()..].trim();
+                self.write(args[0], content).await
+            }
             "/plan" => self.plan(),
             "/extra" => self.extra(),
             "/stop" => match serde_json::from_value::<StopReason>(json!(rest)) {
@@ -249,6 +274,44 @@ impl Turn {
             }
             self.say(format!("chunk {i} "))?;
         }
+        Ok(StopReason::EndTurn)
+    }
+
+    /// Ask the client for a file's text and say what came back.
+    async fn read(&mut self, path: &str) -> Result<StopReason, Error> {
+        let request = ReadTextFileRequest::new(self.session_id.clone(), path);
+        let answer = self.cx.send_request(request).block_task().await;
+        let said = match answer {
+            Ok(r) => format!("read {path}: {}", r.content),
+            Err(e) => format!(
+                "read {path} failed: {} {}",
+                e.message,
+                e.data.unwrap_or_default()
+            ),
+        };
+        self.shared
+            .log
+            .event(json!({ "event": "fs", "said": said }));
+        self.say(said)?;
+        Ok(StopReason::EndTurn)
+    }
+
+    /// Ask the client to write a file and say how it went.
+    async fn write(&mut self, path: &str, content: &str) -> Result<StopReason, Error> {
+        let request = WriteTextFileRequest::new(self.session_id.clone(), path, content);
+        let answer = self.cx.send_request(request).block_task().await;
+        let said = match answer {
+            Ok(_) => format!("wrote {path}"),
+            Err(e) => format!(
+                "write {path} failed: {} {}",
+                e.message,
+                e.data.unwrap_or_default()
+            ),
+        };
+        self.shared
+            .log
+            .event(json!({ "event": "fs", "said": said }));
+        self.say(said)?;
         Ok(StopReason::EndTurn)
     }
 
@@ -625,6 +688,7 @@ async fn run_full(log: EventLog, load_session: bool) -> Result<Option<i32>, Erro
     let on_new = shared.clone();
     let on_load = shared.clone();
     let on_mode = shared.clone();
+    let on_option = shared.clone();
     let on_prompt = shared.clone();
     let on_cancel = shared.clone();
 
@@ -657,7 +721,7 @@ async fn run_full(log: EventLog, load_session: bool) -> Result<Option<i32>, Erro
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
-            async move |request: NewSessionRequest, responder, _cx| {
+            async move |request: NewSessionRequest, responder, cx| {
                 let shared = &on_new;
                 let n = shared.next_session.fetch_add(1, Ordering::Relaxed);
                 let session_id = SessionId::new(format!("s-{n}"));
@@ -669,12 +733,24 @@ async fn run_full(log: EventLog, load_session: bool) -> Result<Option<i32>, Erro
                 shared.log.event(json!({
                     "event": "session/new", "sessionId": session_id, "cwd": request.cwd,
                 }));
-                responder.respond(NewSessionResponse::new(session_id).modes(session_modes()))
+                responder.respond(
+                    NewSessionResponse::new(session_id.clone())
+                        .modes(session_modes())
+                        .config_options(vec![model_option("fast")]),
+                )?;
+                // As real agents do, it lists its commands before any prompt.
+                cx.send_notification(SessionNotification::new(
+                    session_id,
+                    SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(vec![
+                        AvailableCommand::new("stream", "Stream N chunks"),
+                        AvailableCommand::new("tool", "Run a tool after asking"),
+                    ])),
+                ))
             },
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
-            async move |request: LoadSessionRequest, responder, _cx| {
+            async move |request: LoadSessionRequest, responder, cx| {
                 let shared = &on_load;
                 if !shared.load_session {
                     return responder.respond_with_error(Error::method_not_found());
@@ -682,13 +758,25 @@ async fn run_full(log: EventLog, load_session: bool) -> Result<Option<i32>, Erro
                 shared.log.event(json!({
                     "event": "session/load", "sessionId": request.session_id,
                 }));
+                // A real agent replays the conversation before it answers;
+                // the host already shows it and must not show it twice.
+                cx.send_notification(SessionNotification::new(
+                    request.session_id.clone(),
+                    SessionUpdate::AgentMessageChunk(ContentChunk::new(
+                        format!("replayed history of {}", request.session_id).into(),
+                    )),
+                ))?;
                 shared
                     .sessions
                     .lock()
                     .expect("sessions lock poisoned")
                     .entry(request.session_id)
                     .or_default();
-                responder.respond(LoadSessionResponse::new().modes(session_modes()))
+                responder.respond(
+                    LoadSessionResponse::new()
+                        .modes(session_modes())
+                        .config_options(vec![model_option("fast")]),
+                )
             },
             agent_client_protocol::on_receive_request!(),
         )
@@ -699,6 +787,25 @@ async fn run_full(log: EventLog, load_session: bool) -> Result<Option<i32>, Erro
                     "modeId": request.mode_id,
                 }));
                 responder.respond(SetSessionModeResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: SetSessionConfigOptionRequest, responder, _cx| {
+                let value = request.value.as_value_id().map(|v| v.to_string());
+                on_option.log.event(json!({
+                    "event": "set_config_option", "sessionId": request.session_id,
+                    "configId": request.config_id, "value": value,
+                }));
+                match value.as_deref() {
+                    Some(v @ ("fast" | "deep")) if request.config_id.to_string() == "model" => {
+                        responder
+                            .respond(SetSessionConfigOptionResponse::new(vec![model_option(v)]))
+                    }
+                    _ => responder.respond_with_error(
+                        Error::invalid_params().data(json!("unknown option or value")),
+                    ),
+                }
             },
             agent_client_protocol::on_receive_request!(),
         )

@@ -168,9 +168,16 @@ struct ServeArgs {
     /// provider id.
     #[arg(long = "agent", value_name = "NAME=COMMAND ARG…")]
     agents: Vec<String>,
+    /// Let agent NAME read the files under DIR (ACP `fs/read_text_file`).
+    /// Repeatable. No agent touches the host's files otherwise.
+    #[arg(long = "agent-files", value_name = "NAME=DIR")]
+    agent_files: Vec<String>,
+    /// Let agent NAME read and write the files under DIR.
+    #[arg(long = "agent-files-rw", value_name = "NAME=DIR")]
+    agent_files_rw: Vec<String>,
     /// A TOML config file; today it declares ACP agents as `[[agents]]`
     /// tables (`name`, `display_name`, `command`, `args`, `env`, `cwd`,
-    /// `start_timeout_secs`, `idle_timeout_secs`).
+    /// `start_timeout_secs`, `idle_timeout_secs`, `files`, `files_write`).
     #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
 }
@@ -189,7 +196,15 @@ impl ServeArgs {
             .map(|f| tandem::config::AgentSpec::parse_flag(f))
             .collect::<Result<Vec<_>, _>>()
             .map_err(anyhow::Error::msg)?;
-        merge(file, flags, &[tandem::providers::scripted::PROVIDER_ID]).map_err(anyhow::Error::msg)
+        let mut agents = merge(file, flags, &[tandem::providers::scripted::PROVIDER_ID])
+            .map_err(anyhow::Error::msg)?;
+        for (grants, write) in [(&self.agent_files, false), (&self.agent_files_rw, true)] {
+            for g in grants {
+                tandem::config::AgentSpec::grant_files(&mut agents, g, write)
+                    .map_err(anyhow::Error::msg)?;
+            }
+        }
+        Ok(agents)
     }
 }
 

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 
 use crate::ids::ChannelUri;
-use ahp_types::state::{AgentInfo, Message};
+use ahp_types::commands::SessionConfigValueItem;
+use ahp_types::state::{AgentInfo, Message, SessionConfigPropertySchema};
 
 pub use super::chat::ChatHandle;
 
@@ -45,6 +46,22 @@ pub trait Agent: Send + Sync + 'static {
     fn cancel_turn(&self, _chat: &str, _turn_id: &str) {}
     /// The turn ended (completed, errored, truncated away).
     fn turn_ended(&self, _chat: &str, _turn_id: &str) {}
+    /// Session config properties the agent adds to each of its sessions
+    /// (it applies their values itself, e.g. at the next turn).
+    fn config_properties(&self) -> Vec<(String, SessionConfigPropertySchema)> {
+        Vec::new()
+    }
+    /// The values `property` (one of [`config_properties`](Self::config_properties)
+    /// with `enumDynamic`) may take in `session` now, if the agent knows
+    /// them: what `sessionConfigCompletions` lists and `session/configChanged`
+    /// must pick from.
+    fn config_choices(
+        &self,
+        _session: &str,
+        _property: &str,
+    ) -> Option<Vec<SessionConfigValueItem>> {
+        None
+    }
 }
 
 /// The agents a channel can reach, by provider id. Root lists them and

@@ -13,6 +13,7 @@ use ahp::reducers::{apply_action_to_chat, apply_action_to_session};
 use ahp_types::actions::StateAction;
 use ahp_types::state::{ChatState, SessionState};
 
+use super::agent::AgentDirectory;
 use super::chat::{new_chat_state, ChatActor, ChatHome};
 use super::core::ChannelCore;
 use super::root::RootActor;
@@ -48,7 +49,11 @@ pub struct RecoveryStats {
 /// Rebuild one channel from its snapshot and tail. `turns_window` bounds the
 /// completed turns kept in memory; older ones stay in the store behind
 /// `turnsNextCursor`.
-pub fn rebuild(c: &RecoveredChannel, turns_window: usize) -> Result<Rebuilt, String> {
+pub fn rebuild(
+    c: &RecoveredChannel,
+    turns_window: usize,
+    agents: &dyn AgentDirectory,
+) -> Result<Rebuilt, String> {
     let parse_action = |r: &str| {
         serde_json::from_str::<StateAction>(r)
             .map_err(|e| format!("{}: stored action does not decode: {e}", c.info.uri))
@@ -58,7 +63,13 @@ pub fn rebuild(c: &RecoveredChannel, turns_window: usize) -> Result<Rebuilt, Str
             let mut state = match &c.snapshot {
                 Some(s) => serde_json::from_str(&s.state)
                     .map_err(|e| format!("{}: snapshot does not decode: {e}", c.info.uri))?,
-                None => new_session_state(c.info.provider.clone()),
+                None => new_session_state(
+                    c.info.provider.clone(),
+                    agents
+                        .get(&c.info.provider)
+                        .map(|a| a.config_properties())
+                        .unwrap_or_default(),
+                ),
             };
             for r in &c.tail {
                 apply_action_to_session(&mut state, &parse_action(r)?);
@@ -92,7 +103,7 @@ pub fn rebuild(c: &RecoveredChannel, turns_window: usize) -> Result<Rebuilt, Str
 /// memory (to roll back after a failed append); `None` if it is not stored.
 pub fn reload(core: &ChannelCore) -> Result<Option<Rebuilt>, String> {
     match core.shared.journal.load_channel(&core.uri) {
-        Ok(Some(c)) => rebuild(&c, usize::MAX).map(Some),
+        Ok(Some(c)) => rebuild(&c, usize::MAX, &*core.shared.providers).map(Some),
         Ok(None) => Ok(None),
         Err(e) => Err(format!("cannot read the store: {e}")),
     }
@@ -110,6 +121,7 @@ impl Handler<Restore> for RootActor {
         let shared = self.shared();
         let window = shared.config.turns_window;
         let channels = msg.0.channels;
+        let agents: &dyn AgentDirectory = &*shared.providers;
         let replayed = channels.iter().map(|c| c.tail.len()).sum();
         // Reduce on every core.
         let threads = std::thread::available_parallelism()
@@ -120,7 +132,11 @@ impl Handler<Restore> for RootActor {
             let handles: Vec<_> = channels
                 .chunks(chunk)
                 .map(|part| {
-                    s.spawn(move || part.iter().map(|c| rebuild(c, window)).collect::<Vec<_>>())
+                    s.spawn(move || {
+                        part.iter()
+                            .map(|c| rebuild(c, window, agents))
+                            .collect::<Vec<_>>()
+                    })
                 })
                 .collect();
             handles

@@ -38,6 +38,13 @@ pub struct AgentSpec {
     /// is stopped.
     #[serde(default = "default_idle_timeout_secs")]
     pub idle_timeout_secs: u64,
+    /// A directory whose files the agent may read (ACP
+    /// `fs/read_text_file`); none by default.
+    #[serde(default)]
+    pub files: Option<PathBuf>,
+    /// Whether it may also write files there (`fs/write_text_file`).
+    #[serde(default)]
+    pub files_write: bool,
 }
 
 fn default_start_timeout_secs() -> u64 {
@@ -60,6 +67,8 @@ impl AgentSpec {
             cwd: None,
             start_timeout_secs: default_start_timeout_secs(),
             idle_timeout_secs: default_idle_timeout_secs(),
+            files: None,
+            files_write: false,
         }
     }
 
@@ -116,7 +125,42 @@ impl AgentSpec {
                 ));
             }
         }
+        if let Some(files) = &self.files {
+            if !files.is_absolute() {
+                return Err(format!(
+                    "agent `{}`: `files` must be an absolute path, not `{}`",
+                    self.name,
+                    files.display()
+                ));
+            }
+        } else if self.files_write {
+            return Err(format!(
+                "agent `{}`: `files_write` needs `files`, the directory it applies to",
+                self.name
+            ));
+        }
         Ok(())
+    }
+
+    /// Grant file access as `--agent-files NAME=DIR` (reading) or
+    /// `--agent-files-rw NAME=DIR` (reading and writing) asks: the agent
+    /// named, among `agents`.
+    pub fn grant_files(agents: &mut [AgentSpec], flag: &str, write: bool) -> Result<(), String> {
+        let opt = if write {
+            "--agent-files-rw"
+        } else {
+            "--agent-files"
+        };
+        let (name, dir) = flag
+            .split_once('=')
+            .ok_or_else(|| format!("`{opt} {flag}`: expected NAME=DIR"))?;
+        let agent = agents
+            .iter_mut()
+            .find(|a| a.name == name.trim())
+            .ok_or_else(|| format!("`{opt} {flag}`: no agent `{}` is declared", name.trim()))?;
+        agent.files = Some(PathBuf::from(dir));
+        agent.files_write = write;
+        agent.check()
     }
 }
 
@@ -212,6 +256,8 @@ mod tests {
             cwd = "/srv/work"
             start_timeout_secs = 5
             idle_timeout_secs = 30
+            files = "/srv/work/docs"
+            files_write = true
             "#,
         )
         .expect("parses");
@@ -221,6 +267,8 @@ mod tests {
         assert_eq!(a.env["GEMINI_API_KEY"], "k");
         assert_eq!(a.cwd.as_deref(), Some(Path::new("/srv/work")));
         assert_eq!(a.idle_timeout(), Duration::from_secs(30));
+        assert_eq!(a.files.as_deref(), Some(Path::new("/srv/work/docs")));
+        assert!(a.files_write);
 
         let e = ConfigFile::parse("[[agents]]\nname = \"a\"\ncommand = \"b\"\ncomand = \"c\"\n")
             .expect_err("unknown key");
@@ -229,6 +277,28 @@ mod tests {
         let e = ConfigFile::parse("[[agents]]\nname = \"a\"\ncommand = \"b\"\ncwd = \"rel\"\n")
             .expect_err("relative cwd");
         assert!(e.contains("absolute"), "{e}");
+    }
+
+    #[test]
+    fn file_access_is_granted_per_agent_to_an_absolute_directory() {
+        let mut agents = vec![AgentSpec::new("a", "x", vec![])];
+        AgentSpec::grant_files(&mut agents, "a=/srv/docs", false).expect("grant");
+        assert_eq!(agents[0].files.as_deref(), Some(Path::new("/srv/docs")));
+        assert!(!agents[0].files_write);
+        AgentSpec::grant_files(&mut agents, "a=/srv/docs", true).expect("grant rw");
+        assert!(agents[0].files_write);
+        for (flag, says) in [
+            ("b=/srv", "no agent `b`"),
+            ("a", "expected NAME=DIR"),
+            ("a=rel", "absolute"),
+        ] {
+            let e = AgentSpec::grant_files(&mut agents, flag, false).expect_err(flag);
+            assert!(e.contains(says), "{flag}: {e}");
+        }
+        let e =
+            ConfigFile::parse("[[agents]]\nname = \"a\"\ncommand = \"b\"\nfiles_write = true\n")
+                .expect_err("write without a directory");
+        assert!(e.contains("needs `files`"), "{e}");
     }
 
     #[test]

@@ -62,6 +62,11 @@ pub enum Interaction {
         /// `None` offers the host's ([`tool_options`]).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         options: Option<Vec<ToolOption>>,
+        /// What the agent calls this call, in words (an ACP agent's title,
+        /// e.g. "Edit main.rs"); the card then says that instead of "Run
+        /// `tool`".
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        title: Option<String>,
     },
 }
 

@@ -17,6 +17,7 @@ pub const LIST_SESSIONS: &str = "listSessions";
 pub const CREATE_CHAT: &str = "createChat";
 pub const DISPOSE_CHAT: &str = "disposeChat";
 pub const FETCH_TURNS: &str = "fetchTurns";
+pub const SESSION_CONFIG_COMPLETIONS: &str = "sessionConfigCompletions";
 /// Tandem extension: an agent connection registers a provider.
 pub const REGISTER_PROVIDER: &str = "tandem/registerProvider";
 /// Tandem extension: a provider waits for a person.

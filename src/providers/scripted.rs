@@ -163,6 +163,7 @@ async fn tool(
             input: input.into(),
             read_only,
             editable: true,
+            title: None,
         })
         .await;
     match s.outcome {

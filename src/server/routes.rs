@@ -13,7 +13,8 @@ use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 use ahp_types::commands::{
     CreateChatParams, CreateSessionParams, DispatchActionParams, DisposeChatParams,
-    DisposeSessionParams, FetchTurnsParams, ListSessionsParams, UnsubscribeParams,
+    DisposeSessionParams, FetchTurnsParams, ListSessionsParams, SessionConfigCompletionsParams,
+    SessionConfigCompletionsResult, UnsubscribeParams,
 };
 use serde_json::Value;
 
@@ -60,6 +61,9 @@ impl Connection {
             m::CREATE_CHAT => self.create_chat(id, decode_params(method, params)?, ctx),
             m::DISPOSE_CHAT => self.dispose_chat(id, decode_params(method, params)?, ctx),
             m::FETCH_TURNS => self.fetch_turns(id, decode_params(method, params)?, ctx),
+            m::SESSION_CONFIG_COMPLETIONS => {
+                self.config_completions(id, decode_params(method, params)?)
+            }
             m::REGISTER_PROVIDER => self.register_provider(id, decode_params(method, params)?, ctx),
             m::REQUEST_INTERACTION => {
                 // Refused before its params are even read.
@@ -254,6 +258,41 @@ impl Connection {
         self.permit(&p.channel)?;
         let done = self.ask(&p.channel, |c| c.fetch_turns(p.cursor), no_chat)?;
         self.reply_when(id, done, ctx, |()| serde_json::json!({}));
+        Ok(())
+    }
+
+    /// `sessionConfigCompletions`: the values a dynamic config property of
+    /// a session may take (an ACP agent's modes or models), filtered by the
+    /// query. Choices exist per session, so a query on root finds none.
+    fn config_completions(
+        &mut self,
+        id: Option<Value>,
+        p: SessionConfigCompletionsParams,
+    ) -> Result<(), RpcError> {
+        let channel = p.channel.as_str();
+        let mut items = Vec::new();
+        if channel != ahp_types::ROOT_RESOURCE_URI {
+            self.permit(channel)?;
+            let Some(ch) = self.app.shared.registry.get(channel) else {
+                return Err(Self::not_found(channel));
+            };
+            let agent = ch
+                .provider
+                .as_deref()
+                .and_then(|p| self.app.shared.providers.get(p));
+            if let Some(agent) = agent {
+                items = agent
+                    .config_choices(channel, &p.property)
+                    .unwrap_or_default();
+            }
+        }
+        if let Some(q) = p.query.as_deref().map(str::to_lowercase) {
+            items.retain(|i| {
+                i.value.to_lowercase().contains(&q) || i.label.to_lowercase().contains(&q)
+            });
+        }
+        let result = SessionConfigCompletionsResult { items };
+        self.reply(&id, &serde_json::to_value(result).unwrap_or(Value::Null));
         Ok(())
     }
 

@@ -124,6 +124,14 @@ impl RawAgent {
             .as_str()
             .unwrap_or_else(|| panic!("no sessionId: {new}"))
             .to_owned();
+        // Right after the answer it lists its commands, as real agents do.
+        let commands = self.recv().await;
+        assert_eq!(commands["method"], "session/update", "{commands}");
+        assert_eq!(commands["params"]["sessionId"], session_id.as_str());
+        assert_eq!(
+            commands["params"]["update"]["sessionUpdate"], "available_commands_update",
+            "{commands}"
+        );
         session_id
     }
 

@@ -395,3 +395,319 @@ async fn always_allow_and_always_reject_outlive_a_restart_and_a_killed_agent_abo
     assert_eq!(fresh, m.state, "every client sees the same state");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_is_reattached_to_its_acp_session_after_a_restart_where_the_agent_can_load_it() {
+    let dir = temp_dir("acp");
+    let log = dir.join("agent.log");
+    let cfg = || {
+        config(
+            vec![spec(&log, &["--load-session"])],
+            Some(dir.join("data")),
+        )
+    };
+    let server = TestServer::start_with(cfg()).await;
+    let mut a = server.client("fay").await;
+    let (session, chat) = create(&a).await.expect("createSession");
+    let mut m = a.subscribe_chat(&chat).await;
+    a.start_turn(&chat, "first words").await;
+    finished(&mut a, &mut m, 1).await;
+    let acp = logged(&log, "prompt")[0]["sessionId"].clone();
+    // The chat's ACP session is noted in the session's `_meta`.
+    let state = serde_json::to_value(a.subscribe_session(&session).await).expect("json");
+    assert_eq!(
+        state["_meta"]["tandem/agent"][&chat]["acpSession"]["id"],
+        acp
+    );
+    drop(a);
+    server.stop().await;
+
+    // After a restart the next turn loads that ACP session again; the
+    // agent's replay of its history is not shown twice.
+    let server = TestServer::start_with(cfg()).await;
+    let mut a = server.client("fay").await;
+    let mut m = a.subscribe_chat(&chat).await;
+    a.start_turn(&chat, "second words").await;
+    finished(&mut a, &mut m, 2).await;
+    let loads = logged(&log, "session/load");
+    assert_eq!(loads.len(), 1, "{loads:?}");
+    assert_eq!(loads[0]["sessionId"], acp);
+    assert_eq!(logged(&log, "session/new").len(), 1, "no new ACP session");
+    let prompts = logged(&log, "prompt");
+    assert_eq!(prompts[1]["sessionId"], acp);
+    let all = serde_json::to_string(&m.state).expect("json");
+    assert!(!all.contains("replayed history"), "{all}");
+    assert!(last_turn_markdown(&m.state)
+        .join("")
+        .contains("second words"));
+
+    // The agent killed between turns: the next turn starts it again and
+    // loads the same session.
+    let pid = logged(&log, "start")
+        .last()
+        .and_then(|s| s["pid"].as_i64())
+        .expect("pid");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.start_turn(&chat, "third words").await;
+    finished(&mut a, &mut m, 3).await;
+    assert_eq!(logged(&log, "session/load").len(), 2);
+    assert_eq!(logged(&log, "prompt")[2]["sessionId"], acp);
+    assert!(last_turn_markdown(&m.state)
+        .join("")
+        .contains("third words"));
+    let fresh = common::fresh_chat(&server, &chat).await;
+    assert_eq!(fresh, m.state, "every client sees the same state");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_reaches_only_the_files_the_operator_granted_it() {
+    let dir = temp_dir("acp");
+    let log = dir.join("agent.log");
+    let granted = dir.join("granted");
+    std::fs::create_dir_all(&granted).expect("mkdir");
+    std::fs::write(granted.join("notes.txt"), "shared notes").expect("write");
+    std::fs::write(dir.join("private.txt"), "private").expect("write");
+    let mut reader = spec(&log, &[]);
+    reader.files = Some(granted.clone());
+    let mut writer = spec(&log, &[]);
+    writer.name = "writer".into();
+    writer.files = Some(granted.clone());
+    writer.files_write = true;
+    let mut none = spec(&log, &[]);
+    none.name = "nofiles".into();
+    let server = TestServer::start_with(config(vec![reader, writer, none], None)).await;
+    let mut a = server.client("gus").await;
+
+    // What each agent was offered in `initialize`.
+    let mut said = Vec::new();
+    for (provider, prompts) in [
+        (
+            AGENT,
+            vec![
+                format!("/read {}", granted.join("notes.txt").display()),
+                format!("/read {}", dir.join("private.txt").display()),
+                format!("/read {}/../private.txt", granted.display()),
+                format!("/write {} hello", granted.join("new.txt").display()),
+            ],
+        ),
+        (
+            "writer",
+            vec![
+                format!("/write {} hello there", granted.join("new.txt").display()),
+                format!("/write {} no", dir.join("escape.txt").display()),
+            ],
+        ),
+        (
+            "nofiles",
+            vec![format!("/read {}", granted.join("notes.txt").display())],
+        ),
+    ] {
+        let session = format!("ahp-session:/{}", uuid::Uuid::new_v4());
+        a.client
+            .request::<_, Value>(
+                "createSession",
+                json!({"channel": session, "provider": provider}),
+            )
+            .await
+            .expect("createSession");
+        let chat = a
+            .subscribe_session(&session)
+            .await
+            .default_chat
+            .expect("chat");
+        let mut m = a.subscribe_chat(&chat).await;
+        for (i, p) in prompts.iter().enumerate() {
+            a.start_turn(&chat, p).await;
+            finished(&mut a, &mut m, i + 1).await;
+            said.push(last_turn_markdown(&m.state).join(""));
+        }
+    }
+    let fs: Vec<Value> = logged(&log, "initialize")
+        .iter()
+        .map(|i| i["clientCapabilities"]["fs"].clone())
+        .collect();
+    assert_eq!(fs[0]["readTextFile"], true, "{fs:?}");
+    assert_eq!(fs[0]["writeTextFile"], false, "{fs:?}");
+    assert_eq!(fs[1]["writeTextFile"], true, "{fs:?}");
+    assert_eq!(fs[2]["readTextFile"], false, "{fs:?}");
+    assert!(
+        logged(&log, "initialize")
+            .iter()
+            .all(|i| i["clientCapabilities"]["terminal"] != true),
+        "no terminals"
+    );
+
+    assert!(said[0].contains("shared notes"), "{}", said[0]);
+    assert!(
+        said[1].contains("failed") && said[1].contains("outside"),
+        "{}",
+        said[1]
+    );
+    assert!(
+        said[2].contains("failed") && said[2].contains("outside"),
+        "{}",
+        said[2]
+    );
+    assert!(
+        said[3].contains("failed") && said[3].contains("not granted"),
+        "{}",
+        said[3]
+    );
+    assert!(said[4].contains("wrote"), "{}", said[4]);
+    assert_eq!(
+        std::fs::read_to_string(granted.join("new.txt")).expect("written"),
+        "hello there"
+    );
+    assert!(
+        said[5].contains("failed") && said[5].contains("outside"),
+        "{}",
+        said[5]
+    );
+    assert!(!dir.join("escape.txt").exists());
+    assert!(
+        said[6].contains("failed") && said[6].contains("not granted"),
+        "{}",
+        said[6]
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_modes_and_models_are_session_config_applied_before_the_next_prompt() {
+    let dir = temp_dir("acp");
+    let log = dir.join("agent.log");
+    let server = TestServer::start_with(config(vec![spec(&log, &[])], None)).await;
+    let mut a = server.client("hal").await;
+    let (session, chat) = create(&a).await.expect("createSession");
+    let state = serde_json::to_value(a.subscribe_session(&session).await).expect("json");
+    for key in ["agentMode", "agentModel"] {
+        assert_eq!(
+            state["config"]["schema"]["properties"][key]["enumDynamic"], true,
+            "{key}: {state}"
+        );
+    }
+
+    // The agent's offer, as the protocol lists dynamic values.
+    let completions = |property: &'static str, query: Option<&'static str>| {
+        let c = &a.client;
+        let session = session.clone();
+        async move {
+            let r: Value = c
+                .request(
+                    "sessionConfigCompletions",
+                    json!({"channel": session, "property": property, "query": query}),
+                )
+                .await
+                .expect("sessionConfigCompletions");
+            r["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .map(|i| i["value"].as_str().unwrap_or("").to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(completions("agentMode", None).await, ["ask", "code"]);
+    assert_eq!(completions("agentModel", None).await, ["fast", "deep"]);
+    assert_eq!(completions("agentModel", Some("DE")).await, ["deep"]);
+
+    // Only what the agent offers is accepted.
+    let bad = a
+        .dispatch(
+            &session,
+            action(json!({"type": "session/configChanged", "config": {"agentMode": "yolo"}})),
+        )
+        .await;
+    let r = a.wait_echo(None, bad).await.rejection_reason;
+    assert!(
+        r.as_deref().is_some_and(|r| r.contains("ask, code")),
+        "{r:?}"
+    );
+    let set = a
+        .dispatch(
+            &session,
+            action(json!({"type": "session/configChanged",
+                "config": {"agentMode": "code", "agentModel": "deep"}})),
+        )
+        .await;
+    assert!(a.wait_echo(None, set).await.rejection_reason.is_none());
+    assert!(
+        logged(&log, "set_mode").is_empty(),
+        "applied at the next turn"
+    );
+
+    // The next prompt finds the agent switched, once.
+    let mut m = a.subscribe_chat(&chat).await;
+    a.start_turn(&chat, "hello").await;
+    finished(&mut a, &mut m, 1).await;
+    let modes = logged(&log, "set_mode");
+    assert_eq!(modes.len(), 1, "{modes:?}");
+    assert_eq!(modes[0]["modeId"], "code");
+    let options = logged(&log, "set_config_option");
+    assert_eq!(options.len(), 1, "{options:?}");
+    assert_eq!(
+        (&options[0]["configId"], &options[0]["value"]),
+        (&json!("model"), &json!("deep"))
+    );
+    a.start_turn(&chat, "again").await;
+    finished(&mut a, &mut m, 2).await;
+    // What it said before the first prompt (its commands) is kept too.
+    let noted = serde_json::to_value(a.subscribe_session(&session).await).expect("json");
+    assert_eq!(
+        noted["_meta"]["tandem/agent"][&chat]["available_commands_update"]["availableCommands"][0]
+            ["name"],
+        "stream",
+        "{noted}"
+    );
+    assert_eq!(logged(&log, "set_mode").len(), 1, "not set again");
+    assert_eq!(logged(&log, "set_config_option").len(), 1, "not set again");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steering_and_queued_messages_reach_the_agent_as_the_next_prompts_in_order() {
+    let dir = temp_dir("acp");
+    let log = dir.join("agent.log");
+    let server = TestServer::start_with(config(vec![spec(&log, &[])], None)).await;
+    let mut a = server.client("ida").await;
+    let (_s, chat) = create(&a).await.expect("createSession");
+    let mut m = a.subscribe_chat(&chat).await;
+    a.start_turn(&chat, "/stream 10 100").await;
+    a.wait_state(&mut m, |s| {
+        last_turn_markdown(s).is_empty()
+            && serde_json::to_string(&s.active_turn)
+                .unwrap_or_default()
+                .contains("chunk 2")
+    })
+    .await;
+    // ACP cannot inject a message into a running prompt: the steering
+    // message waits for the prompt to end and goes first, then the queue.
+    let pending = |kind: &str, id: &str| {
+        action(
+            json!({"type": "chat/pendingMessageSet", "kind": kind, "id": id,
+            "message": {"text": format!("{kind} {id}"), "origin": {"kind": "user"}}}),
+        )
+    };
+    a.dispatch(&chat, pending("queued", "q1")).await;
+    a.dispatch(&chat, pending("steering", "s1")).await;
+    a.dispatch(&chat, pending("queued", "q2")).await;
+    finished(&mut a, &mut m, 4).await;
+    let texts: Vec<String> = logged(&log, "prompt")
+        .iter()
+        .map(|p| p["text"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(
+        texts,
+        ["/stream 10 100", "steering s1", "queued q1", "queued q2"]
+    );
+    assert!(m.state.steering_message.is_none());
+    assert!(m.state.queued_messages.is_none());
+    assert!(last_turn_markdown(&m.state).join("").contains("queued q2"));
+    server.stop().await;
+}

@@ -100,6 +100,8 @@ impl ChatActor {
             }
             StateAction::ChatPendingMessageSet(a) if a.kind == PendingMessageKind::Steering => {
                 self.clarify(ctx, a.id.clone(), a.message.text.clone());
+                // Nothing to steer: it is the next message.
+                self.start_queued(ctx);
             }
             _ => {}
         }
@@ -130,17 +132,21 @@ impl ChatActor {
     }
 
     /// After a turn ends, the next queued message starts the next turn.
+    /// The chat is idle: start the next pending message as a turn. A
+    /// steering message the turn did not take in (no agent here injects
+    /// one mid-turn; it only answers an open question) comes first, then
+    /// the queue in order.
     fn start_queued(&mut self, ctx: &mut Context<Self>) {
         if self.state.active_turn.is_some() {
             return;
         }
-        let Some(next) = self
-            .state
-            .queued_messages
-            .as_ref()
-            .and_then(|q| q.first())
-            .cloned()
-        else {
+        let Some(next) = self.state.steering_message.clone().or_else(|| {
+            self.state
+                .queued_messages
+                .as_ref()
+                .and_then(|q| q.first())
+                .cloned()
+        }) else {
             return;
         };
         let started = StateAction::ChatTurnStarted(ChatTurnStartedAction {

@@ -71,6 +71,24 @@ impl ChatHandle {
         self.addr.do_send(NoteForSession { key, value });
     }
 
+    /// What [`note`](Self::note) kept under `key` for this chat, if
+    /// anything: it survives a restart with the session.
+    pub async fn recall(&self, key: &str) -> Option<serde_json::Value> {
+        self.addr
+            .send(RecallForSession {
+                key: key.to_owned(),
+            })
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The session's config values now (what people set with
+    /// `session/configChanged`).
+    pub async fn session_config(&self) -> Option<serde_json::Map<String, serde_json::Value>> {
+        self.addr.send(ConfigForAgent).await.ok().flatten()
+    }
+
     /// Wait for a person. Always resolves, exactly once: a chat that goes away
     /// settles it `aborted`.
     pub async fn interact(&self, interaction: Interaction) -> Settlement {
@@ -106,5 +124,42 @@ impl actix::Handler<NoteForSession> for ChatActor {
                 key: msg.key,
                 value: msg.value,
             });
+    }
+}
+
+/// A note asked back from the session.
+#[derive(actix::Message)]
+#[rtype(result = "Option<serde_json::Value>")]
+struct RecallForSession {
+    key: String,
+}
+
+impl actix::Handler<RecallForSession> for ChatActor {
+    type Result = actix::ResponseFuture<Option<serde_json::Value>>;
+
+    fn handle(&mut self, msg: RecallForSession, _: &mut Self::Context) -> Self::Result {
+        let asked = self
+            .session_addr
+            .send(crate::channels::session::AgentRecall {
+                chat: self.core.uri.to_string(),
+                key: msg.key,
+            });
+        Box::pin(async move { asked.await.ok().flatten() })
+    }
+}
+
+/// The session's config values, asked for by the chat's agent.
+#[derive(actix::Message)]
+#[rtype(result = "Option<serde_json::Map<String, serde_json::Value>>")]
+struct ConfigForAgent;
+
+impl actix::Handler<ConfigForAgent> for ChatActor {
+    type Result = actix::ResponseFuture<Option<serde_json::Map<String, serde_json::Value>>>;
+
+    fn handle(&mut self, _: ConfigForAgent, _: &mut Self::Context) -> Self::Result {
+        let asked = self
+            .session_addr
+            .send(crate::channels::session::AgentConfigValues);
+        Box::pin(async move { asked.await.ok().flatten() })
     }
 }

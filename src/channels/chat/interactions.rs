@@ -58,6 +58,8 @@ struct ToolAsk {
     editable: bool,
     /// The agent's own options, if it brought them.
     options: Option<Vec<ToolOption>>,
+    /// The call in the agent's words, if it gave them.
+    title: Option<String>,
     reply: oneshot::Sender<Settlement>,
 }
 
@@ -132,6 +134,7 @@ impl ChatActor {
                 read_only,
                 editable,
                 options,
+                title,
             } => {
                 let ask = ToolAsk {
                     turn_id,
@@ -140,6 +143,7 @@ impl ChatActor {
                     input,
                     editable,
                     options,
+                    title,
                     reply,
                 };
                 if !policy::needs_approval(read_only) {
@@ -172,11 +176,18 @@ impl ChatActor {
                 tool_call_id: tool_call_id.clone(),
                 meta: None,
                 tool_name: tool_name.clone(),
-                display_name: tool_name.clone(),
+                display_name: ask.title.clone().unwrap_or_else(|| tool_name.clone()),
                 intention: None,
                 contributor: None,
             }));
         }
+        let (invocation, confirmation) = match &ask.title {
+            Some(title) => (title.clone(), format!("Allow “{title}”?")),
+            None => (
+                format!("Run `{tool_name}`"),
+                format!("Allow `{tool_name}`?"),
+            ),
+        };
         let confirmed = match &auto {
             Auto::Approve(reason) => Some(reason.clone()),
             Auto::Ask | Auto::Deny => None,
@@ -191,9 +202,9 @@ impl ChatActor {
             meta: None,
             contributor: None,
             intention: None,
-            invocation_message: format!("Run `{tool_name}`").into(),
+            invocation_message: invocation.into(),
             tool_input: Some(ToolInput::Inline(ask.input)),
-            confirmation_title: Some(format!("Allow `{tool_name}`?").into()),
+            confirmation_title: Some(confirmation.into()),
             risk_assessment: None,
             edits: None,
             editable: Some(ask.editable),

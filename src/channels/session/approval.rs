@@ -123,6 +123,43 @@ impl Handler<AgentNote> for SessionActor {
     }
 }
 
+/// What an [`AgentNote`] kept for a chat under `key`, if anything.
+#[derive(Message)]
+#[rtype(result = "Option<Value>")]
+pub struct AgentRecall {
+    /// The chat it is about.
+    pub chat: String,
+    /// What it is.
+    pub key: String,
+}
+
+impl Handler<AgentRecall> for SessionActor {
+    type Result = Option<Value>;
+
+    fn handle(&mut self, msg: AgentRecall, _: &mut Self::Context) -> Self::Result {
+        self.state
+            .meta
+            .as_ref()?
+            .get(AGENT_NOTES_META)?
+            .get(&msg.chat)?
+            .get(&msg.key)
+            .cloned()
+    }
+}
+
+/// The session's config values, for its agent.
+#[derive(Message)]
+#[rtype(result = "Option<Map<String, Value>>")]
+pub struct AgentConfigValues;
+
+impl Handler<AgentConfigValues> for SessionActor {
+    type Result = Option<Map<String, Value>>;
+
+    fn handle(&mut self, _: AgentConfigValues, _: &mut Self::Context) -> Self::Result {
+        self.state.config.as_ref().map(|c| c.values.clone())
+    }
+}
+
 /// A turn starts in one of the session's chats: also a checkpoint.
 #[derive(Message)]
 #[rtype(result = "()")]

@@ -7,7 +7,10 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use approval::{AgentNote, ApprovalCheckpoint, GrantTool, TurnCheckpoint, AGENT_NOTES_META};
+pub use approval::{
+    AgentConfigValues, AgentNote, AgentRecall, ApprovalCheckpoint, GrantTool, TurnCheckpoint,
+    AGENT_NOTES_META,
+};
 pub use chats::{
     ChatSummaryChanged, CreateChat, DisposeSession, ListPending, RemoveChat, RollupChanged,
 };
@@ -52,11 +55,16 @@ impl SessionActor {
         provider: String,
         root: Addr<RootActor>,
     ) -> Self {
+        let extra = shared
+            .providers
+            .get(&provider)
+            .map(|a| a.config_properties())
+            .unwrap_or_default();
         Self::recovered(
             uri,
             hub,
             shared,
-            new_session_state(provider),
+            new_session_state(provider, extra),
             now_rfc3339(),
             root,
         )
@@ -143,6 +151,26 @@ impl SessionActor {
         Ok(())
     }
 
+    /// A value of a property whose choices the agent knows (its modes, its
+    /// models): a string, and one of them when the agent has said which.
+    fn check_dynamic(&self, key: &str, value: &serde_json::Value) -> Result<(), Rejection> {
+        let Some(v) = value.as_str() else {
+            return Err(Rejection::new(format!("`{key}` takes a string")));
+        };
+        let agent = self.core.shared.providers.get(&self.state.provider);
+        let choices = agent.and_then(|a| a.config_choices(&self.core.uri, key));
+        match choices {
+            Some(items) if !items.iter().any(|i| i.value == v) => {
+                let known: Vec<&str> = items.iter().map(|i| i.value.as_str()).collect();
+                Err(Rejection::new(format!(
+                    "`{v}` is not one of the agent's choices for `{key}`: {}",
+                    known.join(", ")
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn check_config(&self, action: &StateAction) -> Result<(), Rejection> {
         let StateAction::SessionConfigChanged(a) = action else {
             return Ok(());
@@ -165,6 +193,9 @@ impl SessionActor {
                         "`{value}` is not an allowed value of `{key}`"
                     )));
                 }
+            }
+            if prop.enum_dynamic == Some(true) {
+                self.check_dynamic(key, value)?;
             }
         }
         if a.replace == Some(true) {

@@ -1,18 +1,28 @@
 //! A session's state at creation and its entry in root's catalog.
 
 use ahp_types::state::{
-    SessionConfigSchema, SessionConfigState, SessionLifecycle, SessionState, SessionStatus,
-    SessionSummary,
+    SessionConfigPropertySchema, SessionConfigSchema, SessionConfigState, SessionLifecycle,
+    SessionState, SessionStatus, SessionSummary,
 };
 use serde_json::Value;
 
 use crate::interactions::policy;
 
-/// The state of a session nobody has written to yet.
-pub fn new_session_state(provider: String) -> SessionState {
+/// The state of a session nobody has written to yet: the approval mode,
+/// and the config properties its agent adds (`extra`), in its config.
+pub fn new_session_state(
+    provider: String,
+    extra: Vec<(String, SessionConfigPropertySchema)>,
+) -> SessionState {
     let mut values = serde_json::Map::new();
     values.insert(policy::APPROVAL_MODE.into(), Value::from(policy::ASK));
     let mut properties = std::collections::HashMap::new();
+    for (key, schema) in extra {
+        if let Some(default) = &schema.default {
+            values.insert(key.clone(), default.clone());
+        }
+        properties.insert(key, schema);
+    }
     properties.insert(
         policy::APPROVAL_MODE.to_owned(),
         policy::approval_mode_property(),

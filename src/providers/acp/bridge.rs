@@ -3,7 +3,7 @@
 //! its questions to people and sends back exactly one answer each, and ends
 //! turns when the process exits or hangs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,9 +13,11 @@ use agent_client_protocol::v1::schema::{
 };
 use agent_client_protocol::v1::Responder;
 use ahp_types::actions::{ChatTurnCompleteAction, StateAction};
-use serde_json::Map;
+use dashmap::DashMap;
+use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::choices::{self, Choices, SetCall};
 use super::conn::{Event, Process};
 use super::map::{self, json_of, TurnMap};
 use super::{elicit, permission, Cmd};
@@ -24,6 +26,10 @@ use crate::channels::chat::chat_error;
 use crate::config::AgentSpec;
 use crate::interactions::Settlement;
 use crate::time::millis_since;
+
+/// The note (session `_meta`, `tandem/agent` → chat → this key) that names
+/// the chat's ACP session: `{"id": …}`.
+pub const ACP_SESSION_NOTE: &str = "acpSession";
 
 /// A question of the agent's was settled (or a permission request decided).
 enum Answered {
@@ -72,11 +78,25 @@ pub(super) struct Bridge {
     last_heard: Instant,
     /// Why the process was stopped, if the bridge stopped it.
     stopped_because: Option<String>,
+    /// What each ACP session offers (modes, models).
+    offered: HashMap<String, Choices>,
+    /// What the session's ACP sessions offer lately, for the session
+    /// config's choices (shared with the agent).
+    choices: Arc<DashMap<String, Choices>>,
+    /// Settings the agent refused (ACP session, property): noted until one
+    /// is applied.
+    refused: HashSet<(String, &'static str)>,
+    /// What ACP sessions said before their first turn, by kind.
+    early: HashMap<String, HashMap<String, Value>>,
 }
 
 impl Bridge {
     /// Start the bridge of `session`: its commands go to the sender.
-    pub(super) fn start(spec: Arc<AgentSpec>, session: String) -> mpsc::UnboundedSender<Cmd> {
+    pub(super) fn start(
+        spec: Arc<AgentSpec>,
+        session: String,
+        choices: Arc<DashMap<String, Choices>>,
+    ) -> mpsc::UnboundedSender<Cmd> {
         let (tx, rx) = mpsc::unbounded_channel();
         let (decided_tx, decided_rx) = mpsc::unbounded_channel();
         let bridge = Bridge {
@@ -91,6 +111,10 @@ impl Bridge {
             handles: HashMap::new(),
             last_heard: Instant::now(),
             stopped_because: None,
+            offered: HashMap::new(),
+            choices,
+            refused: HashSet::new(),
+            early: HashMap::new(),
         };
         tokio::spawn(bridge.run(rx, decided_rx));
         tx
@@ -171,16 +195,98 @@ impl Bridge {
         }
     }
 
+    /// The directory the agent's sessions work in.
+    fn cwd(&self) -> PathBuf {
+        match &self.spec.cwd {
+            Some(cwd) => cwd.clone(),
+            None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+        }
+    }
+
+    /// The chat's ACP session: the one it has in the running process; or,
+    /// after a restart (of Tandem or of the agent), the one it had, loaded
+    /// again where the agent supports `session/load`; or the one opened at
+    /// `createSession`; or a new one. A new mapping is noted in the
+    /// session's `_meta`, so it survives a restart.
+    async fn session_for(&mut self, chat: &str, handle: &ChatHandle) -> Result<String, String> {
+        if self.process.is_some() {
+            if let Some(acp) = self.chats.get(chat) {
+                return Ok(acp.clone());
+            }
+        }
+        let process = self.process().await?;
+        let known = handle
+            .recall(ACP_SESSION_NOTE)
+            .await
+            .and_then(|v| v.get("id")?.as_str().map(str::to_owned));
+        if let Some(id) = known.filter(|_| process.load_session) {
+            match self.load(&process, &id).await {
+                Ok(()) => {
+                    tracing::info!(session = %self.session, chat, acp_session = %id, "chat reattached to its ACP session");
+                    return Ok(id);
+                }
+                Err(e) => {
+                    tracing::warn!(session = %self.session, chat, acp_session = %id, error = %e, "cannot reattach the chat's ACP session; opening a new one");
+                }
+            }
+        }
+        let acp = match self.spare.take().filter(|_| self.process.is_some()) {
+            Some(spare) => spare,
+            None => self.open().await?,
+        };
+        handle.note(ACP_SESSION_NOTE.to_owned(), json!({ "id": acp }));
+        Ok(acp)
+    }
+
+    /// Load the ACP session `acp` again and wait for the answer. The
+    /// agent's replay of its history comes first; it is already in the
+    /// chat, so it is skipped. Everything else is handled as usual.
+    async fn load(&mut self, process: &Arc<Process>, acp: &str) -> Result<(), String> {
+        process.load(acp, self.cwd())?;
+        let timeout = self.spec.start_timeout();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut replayed = 0usize;
+        loop {
+            let Some(events) = self.events.as_mut() else {
+                return Err("the agent process is gone".into());
+            };
+            let ev = match tokio::time::timeout_at(deadline, events.recv()).await {
+                Err(_) => {
+                    return Err(format!(
+                        "no answer to `session/load` within {} s",
+                        timeout.as_secs()
+                    ))
+                }
+                Ok(None) => {
+                    self.events = None;
+                    return Err("the agent process is gone".into());
+                }
+                Ok(Some(ev)) => ev,
+            };
+            self.last_heard = Instant::now();
+            match ev {
+                Event::Loaded { session, result } if session == acp => {
+                    tracing::debug!(acp_session = %acp, replayed, "session/load answered");
+                    let choices = result.map_err(|e| format!("`session/load` failed: {e}"))?;
+                    self.offers(acp, choices);
+                    return Ok(());
+                }
+                Event::Update(n) if n.session_id.to_string() == acp => replayed += 1,
+                ev => self.event(ev).await,
+            }
+        }
+    }
+
     /// A running process (started if needed) and a new ACP session in it.
     async fn open(&mut self) -> Result<String, String> {
         let process = self.process().await?;
-        let cwd = match &self.spec.cwd {
-            Some(cwd) => cwd.clone(),
-            None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
-        };
+        let cwd = self.cwd();
         let timeout = self.spec.start_timeout();
         match tokio::time::timeout(timeout, process.new_session(cwd)).await {
-            Ok(Ok(id)) => Ok(id),
+            Ok(Ok((id, choices))) => {
+                self.offers(&id, choices);
+                Ok(id)
+            }
             Ok(Err(e)) if e.contains("-32601") || e.to_lowercase().contains("method not found") => {
                 Err(format!(
                     "the agent does not support `session/new` ({e}), so it cannot hold a session"
@@ -210,21 +316,16 @@ impl Bridge {
     async fn start_turn(&mut self, turn: AgentTurn) {
         let chat = turn.handle.chat.to_string();
         let handle = turn.handle;
-        let acp = match self.chats.get(&chat).cloned() {
-            Some(acp) if self.process.is_some() => Ok(acp),
-            _ => match self.spare.take().filter(|_| self.process.is_some()) {
-                Some(spare) => Ok(spare),
-                None => self.open().await,
+        let opened = match self.session_for(&chat, &handle).await {
+            Ok(acp) => match &self.process {
+                Some(p) => Ok((acp, p.clone())),
+                None => Err("the agent process is gone".to_owned()),
             },
+            Err(e) => Err(e),
         };
-        let process = match (&acp, &self.process) {
-            (Ok(_), Some(p)) => Ok(p.clone()),
-            (Err(e), _) => Err(e.clone()),
-            (Ok(_), None) => Err("the agent process is gone".to_owned()),
-        };
-        let (acp, process) = match (acp, process) {
-            (Ok(acp), Ok(p)) => (acp, p),
-            (Err(e), _) | (_, Err(e)) => {
+        let (acp, process) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
                 let err = chat_error(
                     &handle.turn_id,
                     &handle.started_at,
@@ -237,6 +338,10 @@ impl Bridge {
         };
         self.chats.insert(chat.clone(), acp.clone());
         self.handles.insert(chat.clone(), handle.clone());
+        for (key, value) in self.early.remove(&acp).unwrap_or_default() {
+            handle.note(key, value);
+        }
+        self.apply_config(&acp, &process, &handle).await;
         self.last_heard = Instant::now();
         if let Err(e) = process.prompt(&acp, turn.message.text, handle.turn_id.clone()) {
             let err = chat_error(&handle.turn_id, &handle.started_at, "AgentUnavailable", &e);
@@ -260,11 +365,14 @@ impl Bridge {
         match ev {
             Event::Update(n) => {
                 let acp = n.session_id.to_string();
+                if let Some(offered) = self.offered.get_mut(&acp) {
+                    if offered.update(&n.update) {
+                        self.choices.insert(self.session.clone(), offered.clone());
+                    }
+                }
                 let Some(turn) = self.turns.get_mut(&acp) else {
                     // Between turns: keep what it says about the chat.
-                    if let Some(chat) = self.chat_of(&acp) {
-                        self.note_outside_turn(&chat, &n.update);
-                    }
+                    self.note_outside_turn(&acp, &n.update);
                     return;
                 };
                 let mapped = turn.map.update(&n.update);
@@ -274,6 +382,10 @@ impl Bridge {
                 emit_all(&turn.handle, mapped.actions).await;
             }
             Event::Permission(request, responder) => self.permission(request, responder).await,
+            Event::Loaded { session, result } => {
+                // Its turn was given up waiting for it.
+                tracing::debug!(acp_session = %session, ?result, "late session/load answer");
+            }
             Event::Elicitation(request, responder) => self.elicitation(request, responder),
             Event::PromptDone {
                 session,
@@ -290,10 +402,72 @@ impl Bridge {
                 self.events = None;
                 self.spare = None;
                 self.chats.clear();
+                self.early.clear();
+                self.offered.clear();
                 for (_, turn) in self.turns.drain() {
                     let h = &turn.handle;
                     let err = chat_error(&h.turn_id, &h.started_at, "AgentExited", &cause);
                     let _ = h.emit(err).await;
+                }
+            }
+        }
+    }
+
+    /// What ACP session `acp` offers now.
+    fn offers(&mut self, acp: &str, choices: Choices) {
+        self.choices.insert(self.session.clone(), choices.clone());
+        self.offered.insert(acp.to_owned(), choices);
+    }
+
+    /// Bring the agent's mode and model to what the session's config says
+    /// (people set them with `session/configChanged`). What the agent does
+    /// not offer or refuses is noted in the session's `_meta`
+    /// (`agentModeError` / `agentModelError`) and the turn goes on.
+    async fn apply_config(&mut self, acp: &str, process: &Process, handle: &ChatHandle) {
+        let Some(values) = handle.session_config().await else {
+            return;
+        };
+        for prop in [choices::MODE, choices::MODEL] {
+            let Some(want) = values.get(prop).and_then(|v| v.as_str()) else {
+                continue;
+            };
+            let Some(offered) = self.offered.get(acp) else {
+                return;
+            };
+            if offered.current(prop).as_deref() == Some(want) {
+                continue;
+            }
+            let outcome = match offered.set_call(prop, want) {
+                Err(e) => Err(e),
+                Ok(call) => {
+                    let timeout = self.spec.start_timeout();
+                    match tokio::time::timeout(timeout, process.set(acp, call.clone())).await {
+                        Ok(Ok(options)) => Ok((call, options)),
+                        Ok(Err(e)) => Err(format!("the agent refused `{want}`: {e}")),
+                        Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
+                    }
+                }
+            };
+            let key = format!("{prop}Error");
+            match outcome {
+                Ok((call, options)) => {
+                    if let Some(offered) = self.offered.get_mut(acp) {
+                        match (call, options) {
+                            (_, Some(options)) => offered.set_options(options),
+                            (SetCall::Mode(mode), None) => offered.set_mode(&mode),
+                            (SetCall::Option(..), None) => {}
+                        }
+                        self.choices.insert(self.session.clone(), offered.clone());
+                    }
+                    if self.refused.remove(&(acp.to_owned(), prop)) {
+                        handle.note(key, Value::Null);
+                    }
+                    tracing::debug!(acp_session = %acp, prop, want, "agent setting applied");
+                }
+                Err(e) => {
+                    tracing::warn!(session = %self.session, prop, want, error = %e, "agent setting not applied");
+                    self.refused.insert((acp.to_owned(), prop));
+                    handle.note(key, Value::from(e));
                 }
             }
         }
@@ -307,17 +481,22 @@ impl Bridge {
     }
 
     /// Between turns nothing can be added to the chat: everything the
-    /// agent says goes to the session's `_meta`, whole.
+    /// agent says goes to the session's `_meta`, whole. Before the ACP
+    /// session's first turn no chat is known yet: the latest update of each
+    /// kind is kept and noted when the first turn names the chat.
     fn note_outside_turn(
-        &self,
-        chat: &str,
+        &mut self,
+        acp: &str,
         update: &agent_client_protocol::v1::schema::SessionUpdate,
     ) {
         let note = map::note_of(update);
-        match self.handles.get(chat) {
+        match self.chat_of(acp).and_then(|c| self.handles.get(&c)) {
             Some(h) => h.note(note.key, note.value),
             None => {
-                tracing::debug!(session = %self.session, update = %note.value, "agent update before any turn")
+                self.early
+                    .entry(acp.to_owned())
+                    .or_default()
+                    .insert(note.key, note.value);
             }
         }
     }

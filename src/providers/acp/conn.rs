@@ -15,9 +15,11 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ClientCapabilities, ContentBlock, CreateElicitationRequest,
     CreateElicitationResponse, ElicitationCapabilities, ElicitationFormCapabilities,
-    ElicitationUrlCapabilities, InitializeRequest, NewSessionRequest, PromptRequest,
-    PromptResponse, RequestPermissionRequest, RequestPermissionResponse, SessionId,
-    SessionNotification, TextContent,
+    ElicitationUrlCapabilities, FileSystemCapabilities, InitializeRequest, LoadSessionRequest,
+    NewSessionRequest, PromptRequest, PromptResponse, ReadTextFileRequest,
+    RequestPermissionRequest, RequestPermissionResponse, SessionConfigOption, SessionId,
+    SessionNotification, SetSessionConfigOptionRequest, SetSessionModeRequest, TextContent,
+    WriteTextFileRequest,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent as AgentPeer, ByteStreams, Client};
@@ -27,6 +29,8 @@ use tokio::process::Command;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
+use super::choices::{Choices, SetCall};
+use super::files::FileAccess;
 use crate::config::AgentSpec;
 
 /// Lines of stderr kept for error messages.
@@ -55,13 +59,27 @@ pub enum Event {
         /// The answer, or why there is none.
         result: Result<PromptResponse, String>,
     },
+    /// A `session/load` was answered (or failed). It comes after every
+    /// update the agent sent while loading (its replay of the history).
+    Loaded {
+        /// The ACP session.
+        session: String,
+        /// What it offers there, or why it did not load.
+        result: Result<Choices, String>,
+    },
     /// The process is gone: why (exit status and its last stderr lines).
     Exited(String),
 }
 
 /// A request from the bridge to the agent.
 enum Call {
-    NewSession(PathBuf, oneshot::Sender<Result<String, String>>),
+    NewSession(PathBuf, oneshot::Sender<Result<(String, Choices), String>>),
+    Set(
+        String,
+        SetCall,
+        oneshot::Sender<Result<Option<Vec<SessionConfigOption>>, String>>,
+    ),
+    Load(String, PathBuf),
     Prompt(String, String, String),
     Cancel(String),
 }
@@ -72,6 +90,8 @@ pub struct Process {
     kill: Mutex<Option<oneshot::Sender<()>>>,
     /// Its process id.
     pub pid: Option<u32>,
+    /// Whether it advertised `loadSession` in `initialize`.
+    pub load_session: bool,
 }
 
 impl Process {
@@ -81,6 +101,7 @@ impl Process {
         spec: &AgentSpec,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<Arc<Self>, String> {
+        let files = Arc::new(FileAccess::of(spec)?);
         let mut cmd = Command::new(&spec.command);
         cmd.args(&spec.args)
             .envs(&spec.env)
@@ -159,18 +180,22 @@ impl Process {
         }
 
         let (calls, calls_rx) = mpsc::unbounded_channel();
-        let (ready_tx, ready_rx) = oneshot::channel::<Result<(), String>>();
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<bool, String>>();
         let transport = ByteStreams::new(stdin.compat_write(), stdout.compat());
         let name = spec.name.clone();
-        tokio::spawn(run(transport, events, calls_rx, ready_tx, name));
-        let process = Arc::new(Self {
+        tokio::spawn(run(transport, events, calls_rx, ready_tx, name, files));
+        let mut process = Self {
             calls,
             kill: Mutex::new(Some(kill_tx)),
             pid,
-        });
+            load_session: false,
+        };
         let ready = tokio::time::timeout(spec.start_timeout(), ready_rx).await;
         let outcome = match ready {
-            Ok(Ok(Ok(()))) => return Ok(process),
+            Ok(Ok(Ok(load_session))) => {
+                process.load_session = load_session;
+                return Ok(Arc::new(process));
+            }
             Ok(Ok(Err(e))) => format!("`initialize` failed: {e}"),
             Ok(Err(_)) => "the agent closed the connection during `initialize`".to_owned(),
             Err(_) => format!(
@@ -193,11 +218,34 @@ impl Process {
         Err(format!("{outcome}{last}"))
     }
 
-    /// Open an ACP session in `cwd`: its id.
-    pub async fn new_session(&self, cwd: PathBuf) -> Result<String, String> {
+    /// Open an ACP session in `cwd`: its id and what it offers.
+    pub async fn new_session(&self, cwd: PathBuf) -> Result<(String, Choices), String> {
         let (tx, rx) = oneshot::channel();
         self.calls
             .send(Call::NewSession(cwd, tx))
+            .map_err(|_| "the agent process is gone".to_owned())?;
+        rx.await
+            .map_err(|_| "the agent process is gone".to_owned())?
+    }
+
+    /// Send `session/load` for `session`; the answer comes as
+    /// [`Event::Loaded`].
+    pub fn load(&self, session: &str, cwd: PathBuf) -> Result<(), String> {
+        self.calls
+            .send(Call::Load(session.to_owned(), cwd))
+            .map_err(|_| "the agent process is gone".to_owned())
+    }
+
+    /// Set a mode or config option of `session`: the options as they are
+    /// after it, when the agent says.
+    pub async fn set(
+        &self,
+        session: &str,
+        call: SetCall,
+    ) -> Result<Option<Vec<SessionConfigOption>>, String> {
+        let (tx, rx) = oneshot::channel();
+        self.calls
+            .send(Call::Set(session.to_owned(), call, tx))
             .map_err(|_| "the agent process is gone".to_owned())?;
         rx.await
             .map_err(|_| "the agent process is gone".to_owned())?
@@ -229,9 +277,23 @@ async fn run(
     transport: impl agent_client_protocol::ConnectTo<Client> + 'static,
     events: mpsc::UnboundedSender<Event>,
     mut calls: mpsc::UnboundedReceiver<Call>,
-    ready: oneshot::Sender<Result<(), String>>,
+    ready: oneshot::Sender<Result<bool, String>>,
     name: String,
+    files: Arc<FileAccess>,
 ) {
+    let capabilities = ClientCapabilities::new()
+        // Questions, yes (every client can answer them); the host's files
+        // only as the operator granted; terminals, no.
+        .elicitation(
+            ElicitationCapabilities::new()
+                .form(ElicitationFormCapabilities::new())
+                .url(ElicitationUrlCapabilities::new()),
+        )
+        .fs(FileSystemCapabilities::new()
+            .read_text_file(files.can_read())
+            .write_text_file(files.can_write()));
+    let reads = files.clone();
+    let writes = files;
     let updates = events.clone();
     let permissions = events.clone();
     let elicitations = events.clone();
@@ -259,26 +321,54 @@ async fn run(
             },
             agent_client_protocol::on_receive_request!(),
         )
+        .on_receive_request(
+            async move |r: ReadTextFileRequest, responder, _cx| {
+                let files = reads.clone();
+                tokio::spawn(async move {
+                    let _ = match files.read(&r).await {
+                        Ok(answer) => responder.respond(answer),
+                        Err(e) => {
+                            tracing::info!(agent_session = %r.session_id, path = %r.path.display(), error = %e, "file read refused");
+                            responder.respond_with_error(e)
+                        }
+                    };
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |r: WriteTextFileRequest, responder, _cx| {
+                let files = writes.clone();
+                tokio::spawn(async move {
+                    let _ = match files.write(&r).await {
+                        Ok(answer) => responder.respond(answer),
+                        Err(e) => {
+                            tracing::info!(agent_session = %r.session_id, path = %r.path.display(), error = %e, "file write refused");
+                            responder.respond_with_error(e)
+                        }
+                    };
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
         .connect_with(transport, async move |cx: ConnectionTo<AgentPeer>| {
             let init = cx
                 .send_request(
-                    InitializeRequest::new(ProtocolVersion::V1).client_capabilities(
-                        // Questions, yes (every client can answer them); the
-                        // host's files and terminals, no.
-                        ClientCapabilities::new().elicitation(
-                            ElicitationCapabilities::new()
-                                .form(ElicitationFormCapabilities::new())
-                                .url(ElicitationUrlCapabilities::new()),
-                        ),
-                    ),
+                    InitializeRequest::new(ProtocolVersion::V1).client_capabilities(capabilities),
                 )
                 .block_task()
                 .await;
-            if let Err(e) = init {
-                let _ = ready.send(Err(e.to_string()));
-                return Ok(());
+            match init {
+                Ok(init) => {
+                    let _ = ready.send(Ok(init.agent_capabilities.load_session));
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e.to_string()));
+                    return Ok(());
+                }
             }
-            let _ = ready.send(Ok(()));
             while let Some(call) = calls.recv().await {
                 match call {
                     Call::NewSession(cwd, reply) => {
@@ -288,9 +378,51 @@ async fn run(
                                 .send_request(NewSessionRequest::new(cwd))
                                 .block_task()
                                 .await
-                                .map(|s| s.session_id.to_string())
+                                .map(|s| {
+                                    let choices = Choices::new(s.modes, s.config_options);
+                                    (s.session_id.to_string(), choices)
+                                })
                                 .map_err(|e| e.to_string());
                             let _ = reply.send(r);
+                        });
+                    }
+                    Call::Load(session, cwd) => {
+                        let cx2 = cx.clone();
+                        let events = events.clone();
+                        tokio::spawn(async move {
+                            let result = cx2
+                                .send_request(LoadSessionRequest::new(
+                                    SessionId::new(session.clone()),
+                                    cwd,
+                                ))
+                                .block_task()
+                                .await
+                                .map(|r| Choices::new(r.modes, r.config_options))
+                                .map_err(|e| e.to_string());
+                            let _ = events.send(Event::Loaded { session, result });
+                        });
+                    }
+                    Call::Set(session, call, reply) => {
+                        let cx2 = cx.clone();
+                        tokio::spawn(async move {
+                            let id = SessionId::new(session);
+                            let r = match call {
+                                SetCall::Mode(mode) => cx2
+                                    .send_request(SetSessionModeRequest::new(id, mode))
+                                    .block_task()
+                                    .await
+                                    .map(|_| None),
+                                SetCall::Option(option, value) => cx2
+                                    .send_request(SetSessionConfigOptionRequest::new(
+                                        id,
+                                        option,
+                                        value.as_str(),
+                                    ))
+                                    .block_task()
+                                    .await
+                                    .map(|r| Some(r.config_options)),
+                            };
+                            let _ = reply.send(r.map_err(|e| e.to_string()));
                         });
                     }
                     Call::Prompt(session, text, tag) => {

@@ -9,17 +9,22 @@
 //! the chat ([`map`]) and whose permission requests become tool approvals
 //! every client sees ([`permission`]). A process that exits or hangs ends its
 //! running turns with `chat/error` naming the cause; the next turn starts a
-//! new one.
+//! new one, and where the agent can load sessions each chat is reattached to
+//! the ACP session it had (also after a restart of Tandem). The host's files
+//! are the agent's only where the operator granted a directory ([`files`]).
 
 mod bridge;
+pub mod choices;
 pub mod conn;
 pub mod elicit;
+pub mod files;
 pub mod map;
 pub mod permission;
 
 use std::sync::Arc;
 
-use ahp_types::state::AgentInfo;
+use ahp_types::commands::SessionConfigValueItem;
+use ahp_types::state::{AgentInfo, SessionConfigPropertySchema};
 use dashmap::DashMap;
 use futures_util::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
@@ -36,6 +41,8 @@ pub struct AcpAgent {
     bridges: DashMap<String, mpsc::UnboundedSender<Cmd>>,
     /// Chat → session, for cancels (which name only the chat).
     chats: DashMap<String, String>,
+    /// Session → what its agent offers lately (modes, models).
+    choices: Arc<DashMap<String, choices::Choices>>,
 }
 
 impl AcpAgent {
@@ -45,13 +52,16 @@ impl AcpAgent {
             spec: Arc::new(spec),
             bridges: DashMap::new(),
             chats: DashMap::new(),
+            choices: Arc::new(DashMap::new()),
         }
     }
 
     fn bridge(&self, session: &str) -> mpsc::UnboundedSender<Cmd> {
         self.bridges
             .entry(session.to_owned())
-            .or_insert_with(|| Bridge::start(self.spec.clone(), session.to_owned()))
+            .or_insert_with(|| {
+                Bridge::start(self.spec.clone(), session.to_owned(), self.choices.clone())
+            })
             .clone()
     }
 }
@@ -93,6 +103,7 @@ impl Agent for AcpAgent {
         // Dropping the sender ends the bridge, which stops the process.
         self.bridges.remove(session);
         self.chats.retain(|_, s| s != session);
+        self.choices.remove(session);
     }
 
     fn start_turn(&self, turn: AgentTurn) {
@@ -111,6 +122,14 @@ impl Agent for AcpAgent {
                 });
             }
         }
+    }
+
+    fn config_properties(&self) -> Vec<(String, SessionConfigPropertySchema)> {
+        choices::properties()
+    }
+
+    fn config_choices(&self, session: &str, property: &str) -> Option<Vec<SessionConfigValueItem>> {
+        self.choices.get(session)?.items(property)
     }
 
     fn turn_ended(&self, chat: &str, turn_id: &str) {

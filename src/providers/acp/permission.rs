@@ -35,6 +35,7 @@ pub fn interaction(request: &RequestPermissionRequest) -> Interaction {
         read_only: false,
         editable: false,
         options: Some(options(request)),
+        title: f.title.clone(),
     }
 }
 
