@@ -63,6 +63,9 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     /// ACP agents the operator declared (`--agent`, `[[agents]]`).
     pub agents: Vec<AgentSpec>,
+    /// A cluster node: the journal is in NATS JetStream (`--cluster`)
+    /// instead of `data_dir`.
+    pub cluster: Option<crate::store::ClusterConfig>,
 }
 
 /// Per-server, per-token and per-connection limits. Each names what a client
@@ -175,6 +178,7 @@ impl Default for Config {
             idle_timeout: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(20),
             agents: Vec::new(),
+            cluster: None,
         }
     }
 }

@@ -82,6 +82,17 @@ struct ServeArgs {
     /// Keep everything in memory instead (nothing survives a restart).
     #[arg(long, conflicts_with = "data_dir")]
     in_memory: bool,
+    /// Run as a cluster node: keep the journal in NATS JetStream at these
+    /// servers (`nats://HOST:PORT[,…]`) instead of SQLite. Needs `--node-id`.
+    #[arg(long, env = "TANDEM_CLUSTER", value_name = "URLS", requires = "node_id", conflicts_with_all = ["data_dir", "in_memory"])]
+    cluster: Option<String>,
+    /// This node's name in the cluster (letters, digits, `-`, `_`).
+    #[arg(long, env = "TANDEM_NODE_ID", value_name = "NAME")]
+    node_id: Option<String>,
+    /// Seconds a channel lease lasts without renewal (renewed three times
+    /// per period): how long a dead node's channels stay unwritable.
+    #[arg(long, default_value_t = 10.0)]
+    lease_secs: f64,
     /// `full`: every commit survives power loss (synchronous=FULL).
     /// `relaxed`: survives a process crash, not power loss (synchronous=NORMAL).
     #[arg(long, value_enum, default_value = "full")]
@@ -257,7 +268,7 @@ fn serve() -> anyhow::Result<()> {
         },
         auth_secret: secret,
         allowed_origins: args.allowed_origins.clone(),
-        data_dir: (!args.in_memory).then(|| args.data_dir.clone()),
+        data_dir: (!args.in_memory && args.cluster.is_none()).then(|| args.data_dir.clone()),
         durability: args.durability,
         replay_ring_len: args.replay_ring_len,
         replay_ring_bytes: args.replay_ring_bytes,
@@ -266,32 +277,51 @@ fn serve() -> anyhow::Result<()> {
         write_pacing: std::time::Duration::from_secs_f64(args.write_pacing_ms.max(0.0) / 1000.0),
         max_frame_bytes: args.max_frame_bytes,
         agents: args.agents()?,
+        cluster: match &args.cluster {
+            Some(urls) => Some(
+                tandem::store::ClusterConfig::parse(urls, args.node_id.as_deref().unwrap_or(""))
+                    .map(|mut c| {
+                        c.lease = std::time::Duration::from_secs_f64(args.lease_secs.max(1.0));
+                        c
+                    })
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            None => None,
+        },
         ..Config::default()
     };
     // The same checks `run` makes, before a store is opened or a port bound.
     tandem::server::check_config(&config, args.bind)?;
-    let journal: std::sync::Arc<dyn tandem::store::Journal> = match &config.data_dir {
-        Some(dir) => std::sync::Arc::new(
-            tandem::store::SqliteJournal::open(dir, config.durability)
-                .map_err(|e| anyhow::anyhow!("{e}"))?,
-        ),
-        None => std::sync::Arc::new(tandem::store::MemoryJournal::new()),
-    };
-    let listener = tandem::server::bind(args.bind)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.bind))?;
-    let addr = listener.local_addr()?;
-    match &config.data_dir {
-        Some(dir) => {
-            tracing::info!(%addr, data_dir = %dir.display(), durability = ?config.durability, "tandem starting; AHP at /ahp")
-        }
-        None => tracing::info!(%addr, "tandem starting in memory; AHP at /ahp"),
-    }
-    // One plain line on stdout so scripts and tests can find the port.
-    println!("tandem listening on http://{addr}");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
+    let journal: std::sync::Arc<dyn tandem::store::Journal> =
+        match (&config.cluster, &config.data_dir) {
+            (Some(cluster), _) => std::sync::Arc::new(
+                rt.block_on(tandem::store::JetStreamJournal::connect(cluster))
+                    .map_err(|e| anyhow::anyhow!("joining the cluster: {e}"))?,
+            ),
+            (None, Some(dir)) => std::sync::Arc::new(
+                tandem::store::SqliteJournal::open(dir, config.durability)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?,
+            ),
+            (None, None) => std::sync::Arc::new(tandem::store::MemoryJournal::new()),
+        };
+    let listener = tandem::server::bind(args.bind)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.bind))?;
+    let addr = listener.local_addr()?;
+    match (&config.cluster, &config.data_dir) {
+        (Some(c), _) => {
+            tracing::info!(%addr, node = %c.node_id, nats = %c.urls.join(","), "tandem cluster node starting; AHP at /ahp")
+        }
+        (None, Some(dir)) => {
+            tracing::info!(%addr, data_dir = %dir.display(), durability = ?config.durability, "tandem starting; AHP at /ahp")
+        }
+        (None, None) => tracing::info!(%addr, "tandem starting in memory; AHP at /ahp"),
+    }
+    // One plain line on stdout so scripts and tests can find the port.
+    println!("tandem listening on http://{addr}");
     if config.auth_secret.is_none() {
         tracing::warn!("no auth secret: accepting unauthenticated connections (loopback only)");
     }

@@ -19,7 +19,35 @@ use super::core::{Accepted, ChannelCore};
 use super::validate::{action_type, Rejection};
 use super::ClientDispatch;
 use crate::publish::ServerSeq;
-use crate::store::TurnRecord;
+use crate::store::{JournalError, TurnRecord};
+
+/// How long a channel whose write the store refused waits before trying
+/// the store again.
+const STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A channel whose write the store refused is read-only; every
+/// [`STORE_RETRY`] it reloads its state from the store, and once that
+/// works, writes resume (the next one shows whether the store takes them
+/// again). A channel another node took over is not retried.
+fn retry_store<A: ChannelActor>(ctx: &mut Context<A>) {
+    ctx.run_later(STORE_RETRY, |act, ctx| {
+        let core = act.parts().0;
+        if core.store_failed.is_none() {
+            return;
+        }
+        if core.unreadable.take().is_some() {
+            act.roll_back();
+        }
+        let core = act.parts().0;
+        if core.unreadable.is_none() {
+            core.journal_len = core.shared.journal.len(&core.uri);
+            core.store_failed = None;
+            tracing::info!(channel = %core.uri, "the store answers again; writes resume");
+        } else {
+            retry_store(ctx);
+        }
+    });
+}
 
 /// Answered once a batch is published (or with why it was not).
 pub type Done = oneshot::Sender<Result<(), Rejection>>;
@@ -128,7 +156,7 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             ..
         } = msg;
         let core = self.parts().0;
-        if let Some(e) = &core.store_failed {
+        if let Some(e) = core.store_refusal() {
             let kind = <Self::State as ChannelState>::KIND;
             let reason = format!("the store is unavailable ({e}); the {kind} is read-only");
             core.reject(&conn, &origin, &action, &reason);
@@ -200,8 +228,12 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             Ok(()) => publish_all(act, ctx, batch, done),
             Err(e) => {
                 let reason = format!("not stored: {e}");
+                let retry = matches!(e, JournalError::Unavailable(_));
                 act.parts().0.commit_failed(e, &batch);
                 act.roll_back();
+                if retry {
+                    retry_store(ctx);
+                }
                 if let Some(done) = done {
                     let _ = done.send(Err(Rejection::new(reason)));
                 }

@@ -189,8 +189,19 @@ impl ChannelCore {
         seq
     }
 
+    /// Why writes are refused now, if they are: a write the store refused
+    /// earlier (until the channel is reloaded), or a store that says it
+    /// cannot take any.
+    pub fn store_refusal(&self) -> Option<String> {
+        if let Some(e) = &self.store_failed {
+            return Some(e.clone());
+        }
+        self.shared.journal.writable().err().map(|e| e.to_string())
+    }
+
     /// The journal refused a batch: nobody sees it, dispatchers are told, and
-    /// the channel stops taking writes.
+    /// the channel stops taking writes (until [`super::commit`] finds the
+    /// store answering again).
     pub fn commit_failed(&mut self, err: JournalError, batch: &[Accepted]) {
         tracing::error!(channel = %self.uri, error = %err, "journal append failed; channel is now read-only");
         let reason = format!("not stored: {err}");

@@ -116,12 +116,16 @@ pub fn check_config(config: &Config, addr: SocketAddr) -> Result<Checked, StartE
 }
 
 async fn healthz(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(serde_json::json!({
+    let mut body = serde_json::json!({
         "status": "ok",
         "serverSeq": state.shared.publisher.current(),
         "channels": state.shared.registry.len(),
         "connections": state.connections.open_len(),
-    }))
+    });
+    if let Some(cluster) = state.shared.journal.health() {
+        body["cluster"] = cluster;
+    }
+    HttpResponse::Ok().json(body)
 }
 
 /// Pending connections the kernel queues before `accept`: a reconnect storm
@@ -170,13 +174,19 @@ where
         &config,
         listener.local_addr().context("reading the bound address")?,
     )?;
-    let journal: Arc<dyn Journal> = match &config.data_dir {
-        Some(dir) => Arc::new(
+    let journal: Arc<dyn Journal> = match (&config.cluster, &config.data_dir) {
+        (Some(cluster), _) => Arc::new(
+            crate::store::JetStreamJournal::connect(cluster)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))
+                .context("joining the cluster (check --cluster)")?,
+        ),
+        (None, Some(dir)) => Arc::new(
             SqliteJournal::open(dir, config.durability)
                 .map_err(|e| anyhow::anyhow!("{e}"))
                 .context("opening the store (check --data-dir)")?,
         ),
-        None => Arc::new(MemoryJournal::new()),
+        (None, None) => Arc::new(MemoryJournal::new()),
     };
     run_with_journal(listener, config, journal, shutdown).await
 }

@@ -10,6 +10,7 @@
 //! can be paged with `fetchTurns` without keeping it all in memory) and a
 //! snapshot of the channel's state (so recovery replays only the tail).
 
+pub mod jetstream;
 pub mod memory;
 pub mod sqlite;
 
@@ -20,6 +21,7 @@ use std::sync::Arc;
 
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 
+pub use jetstream::{ClusterConfig, JetStreamJournal};
 pub use memory::MemoryJournal;
 pub use sqlite::{Durability, SqliteJournal};
 
@@ -50,6 +52,14 @@ pub enum JournalError {
     /// The store cannot take writes or reads (full disk, read-only, corrupt).
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// Another node took the channel over: this one may not write it again.
+    #[error("{channel} is no longer this node's to write: {reason}")]
+    Fenced {
+        /// Channel URI.
+        channel: ChannelUri,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// One journaled action: the serialized `StateAction` of a channel.
@@ -225,6 +235,20 @@ pub trait Journal: Send + Sync + 'static {
     /// at shutdown).
     fn sync(&self) -> Result<(), JournalError> {
         Ok(())
+    }
+
+    /// Whether a write would be taken now; an error when it is known not to
+    /// be (a cluster node cut off from NATS), so the action is refused
+    /// before it touches the channel's state.
+    fn writable(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
+
+    /// What `/healthz` shows of the store beyond the server's own figures
+    /// (a cluster node: its name, its NATS connection, the channels it
+    /// owns).
+    fn health(&self) -> Option<serde_json::Value> {
+        None
     }
 
     /// One channel as stored (to roll its state back after a failed append).

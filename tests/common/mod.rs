@@ -3,6 +3,8 @@
 //! reduced with the same official reducers the server uses.
 #![allow(dead_code)]
 
+#[allow(dead_code)]
+pub mod nats;
 pub mod provider;
 
 use std::net::SocketAddr;
@@ -482,16 +484,23 @@ impl ServerProcess {
     /// Start `tandem serve` on a free loopback port with `data_dir`; stderr
     /// goes to `<data_dir>/../<name>.log` for post-mortems.
     pub fn spawn(data_dir: &std::path::Path, extra: &[&str]) -> Self {
+        let mut args = vec!["--data-dir", data_dir.to_str().expect("utf-8 dir")];
+        args.extend_from_slice(extra);
+        Self::spawn_with(&data_dir.with_extension("log"), &args)
+    }
+
+    /// Start `tandem serve` on a free loopback port with `args`, its stderr
+    /// in `log`.
+    pub fn spawn_with(log: &std::path::Path, args: &[&str]) -> Self {
         use std::io::BufRead;
-        let log = std::fs::File::create(data_dir.with_extension("log")).expect("log file");
+        let log = std::fs::File::create(log).expect("log file");
         // `TANDEM_TEST_BIN` runs the tests against another build (e.g. the
         // release binary) of the same version.
         let bin = std::env::var("TANDEM_TEST_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tandem").to_owned());
         let mut child = std::process::Command::new(bin)
-            .args(["serve", "--bind", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
-            .args(extra)
+            .args(["serve", "--bind", "127.0.0.1:0"])
+            .args(args)
             .stdout(std::process::Stdio::piped())
             .stderr(log)
             .spawn()

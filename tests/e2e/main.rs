@@ -14,6 +14,7 @@ mod acp_agent;
 mod acp_bridge;
 mod admission;
 mod bad_input;
+mod cluster;
 mod collaboration;
 mod commands;
 mod durability;

@@ -68,7 +68,7 @@ impl ChatActor {
                 let _ = done.send(Err(r));
             }
         };
-        if let Some(e) = &self.core.store_failed {
+        if let Some(e) = self.core.store_refusal() {
             let r = Rejection::new(format!(
                 "the store is unavailable ({e}); the chat is read-only"
             ));

@@ -1,0 +1,1240 @@
+//! The journal in NATS JetStream (`tandem serve --cluster nats://…`): the
+//! same [`Journal`] as SQLite's, kept where every node of a cluster can read
+//! it.
+//!
+//! What the node creates on first start (names are fixed; a cluster shares
+//! them):
+//!
+//! | name | kind | holds |
+//! |---|---|---|
+//! | `TANDEM_JOURNAL` | stream, file storage, kept until a channel is disposed | one message per appended batch on `tandem.journal.<channel>` (its actions, the turns that ended in it, a truncation), and fence messages |
+//! | `tandem_channels` | key-value bucket | each channel's record (`ChannelInfo`), in creation order (revision) |
+//! | `tandem_snapshots` | key-value bucket | each channel's latest snapshot and where its tail starts in the stream |
+//! | `tandem_turns` | key-value bucket | ended turns by `<chat>.<index>`, for `fetchTurns` |
+//! | `tandem_providers` | key-value bucket | provider id → the token subject that first registered it (create-only) |
+//! | `tandem_nodes` | key-value bucket | each node's `serverSeq` floor |
+//! | `tandem_leases` | key-value bucket, entries expire after the lease time | which node owns each channel ([`lease`]) |
+//!
+//! `<channel>` is the channel URI in lowercase hex, so any URI is a valid
+//! subject token and key.
+//!
+//! **Fencing.** Every append is published with JetStream's expected last
+//! sequence for the channel's subject: the sequence of the last message this
+//! node wrote or read there. A node that lost a channel (its lease expired
+//! while it was paused or cut off) can never append again: the new owner's
+//! first act is a fence message on the subject ([`JetStreamJournal::fence`]),
+//! so the old owner's expectation no longer holds and JetStream refuses its
+//! write ([`JournalError::Fenced`]).
+//!
+//! **One writer per channel at a time, group commit.** A channel's appends
+//! go out one message at a time (each needs the previous one's sequence);
+//! appends that arrive while one is in flight are sent together as the next
+//! message, and all of them are acknowledged when it is stored.
+//!
+//! The synchronous reads of the trait (`recover`, `load_channel`,
+//! `turns_before`, `reserve_seq`) block the calling thread on a request to
+//! the journal's own runtime, as SQLite's reads block on the disk.
+
+pub mod lease;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio::sync::oneshot;
+
+use super::{
+    Batch, BindCommit, ChannelInfo, ChannelKind, Commit, Journal, JournalError, Record, Recovered,
+    RecoveredChannel, SnapshotRecord, TurnPage, TurnRecord,
+};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
+
+/// The stream of every channel's batches.
+pub const STREAM: &str = "TANDEM_JOURNAL";
+/// Subject prefix of the stream: `tandem.journal.<channel>`.
+pub const SUBJECT_PREFIX: &str = "tandem.journal";
+/// Channel records.
+pub const CHANNELS: &str = "tandem_channels";
+/// Latest snapshot per channel.
+pub const SNAPSHOTS: &str = "tandem_snapshots";
+/// Ended turns per chat.
+pub const TURNS: &str = "tandem_turns";
+/// Provider owners.
+pub const PROVIDERS: &str = "tandem_providers";
+/// Per-node `serverSeq` floors.
+pub const NODES: &str = "tandem_nodes";
+
+/// Header: the journal position of a batch message's first action.
+const POS_HEADER: &str = "Tandem-Pos";
+/// Header: the node that wrote a fence message.
+const FENCE_HEADER: &str = "Tandem-Fence";
+
+/// How to reach the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// NATS server URLs (`nats://host:port`); any one will do.
+    pub urls: Vec<String>,
+    /// This node's name, unique in the cluster.
+    pub node_id: String,
+    /// How long a channel lease lasts without renewal.
+    pub lease: Duration,
+}
+
+impl ClusterConfig {
+    /// `--cluster nats://a:4222,nats://b:4222` and `--node-id NAME`.
+    pub fn parse(urls: &str, node_id: &str) -> Result<Self, String> {
+        let urls: Vec<String> = urls
+            .split(',')
+            .map(|u| u.trim().to_owned())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if urls.is_empty() {
+            return Err("`--cluster` needs at least one NATS URL".into());
+        }
+        for u in &urls {
+            if !(u.starts_with("nats://") || u.starts_with("tls://")) {
+                return Err(format!(
+                    "`--cluster {u}`: expected nats://HOST:PORT (or tls://HOST:PORT)"
+                ));
+            }
+        }
+        let ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if node_id.is_empty() || node_id.len() > 64 || !node_id.chars().all(ok) {
+            return Err(format!(
+                "node id `{node_id}`: use 1 to 64 letters, digits, `-` or `_`"
+            ));
+        }
+        Ok(Self {
+            urls,
+            node_id: node_id.to_owned(),
+            lease: Duration::from_secs(10),
+        })
+    }
+}
+
+/// A channel URI as a subject token and key: lowercase hex of its bytes.
+pub fn token(uri: &str) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(uri.len() * 2);
+    for b in uri.bytes() {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+fn subject(uri: &str) -> String {
+    format!("{SUBJECT_PREFIX}.{}", token(uri))
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> JournalError {
+    JournalError::Unavailable(format!("NATS JetStream: {what}: {e}"))
+}
+
+/// One batch message.
+#[derive(Serialize, Deserialize)]
+struct BatchMsg<'a> {
+    #[serde(borrow)]
+    records: Vec<&'a RawValue>,
+    #[serde(default, borrow)]
+    turns: Vec<TurnMsg<'a>>,
+    #[serde(default, rename = "truncateTurnsFrom")]
+    truncate_turns_from: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TurnMsg<'a> {
+    index: u64,
+    #[serde(borrow)]
+    json: &'a RawValue,
+}
+
+/// A snapshot as kept in the bucket.
+#[derive(Serialize, Deserialize)]
+struct SnapshotMsg<'a> {
+    /// Actions it covers.
+    #[serde(rename = "atSeq")]
+    at_seq: u64,
+    /// The stream sequence the tail is read from.
+    #[serde(rename = "fromStreamSeq")]
+    from_stream_seq: u64,
+    /// Turns stored when it was taken.
+    #[serde(rename = "turnCount")]
+    turn_count: u64,
+    #[serde(borrow)]
+    state: &'a RawValue,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ChannelMsg {
+    uri: String,
+    kind: String,
+    session: Option<String>,
+    provider: String,
+    title: String,
+    #[serde(rename = "createdAt")]
+    created_at: String,
+    owner: Option<String>,
+}
+
+impl ChannelMsg {
+    fn of(i: &ChannelInfo) -> Self {
+        Self {
+            uri: i.uri.to_string(),
+            kind: i.kind.as_str().to_owned(),
+            session: i.session.as_ref().map(|s| s.to_string()),
+            provider: i.provider.clone(),
+            title: i.title.clone(),
+            created_at: i.created_at.clone(),
+            owner: i.owner.clone(),
+        }
+    }
+
+    fn info(self) -> Option<ChannelInfo> {
+        Some(ChannelInfo {
+            uri: self.uri.into(),
+            kind: ChannelKind::parse(&self.kind)?,
+            session: self.session.map(Into::into),
+            provider: self.provider,
+            title: self.title,
+            created_at: self.created_at,
+            owner: self.owner,
+        })
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct OwnerMsg {
+    provider: String,
+    subject: String,
+}
+
+/// An append waiting for its message.
+struct Pending {
+    batch: Batch,
+    done: oneshot::Sender<Result<(), JournalError>>,
+}
+
+/// What the journal knows of one channel.
+#[derive(Default)]
+struct Chan {
+    /// Actions stored.
+    len: u64,
+    /// Actions stored or on their way.
+    projected: u64,
+    /// Stream sequence of the channel's last message.
+    last_seq: u64,
+    /// Turns stored.
+    turns: u64,
+    /// Appends waiting for the one in flight.
+    queue: Vec<Pending>,
+    in_flight: bool,
+    /// Another node took the channel over.
+    fenced: Option<String>,
+}
+
+/// The connection and its handles, on the journal's own runtime.
+struct Nats {
+    js: jetstream::Context,
+    stream: stream::Stream,
+    channels: kv::Store,
+    snapshots: kv::Store,
+    turns: kv::Store,
+    providers: kv::Store,
+    nodes: kv::Store,
+    leases: kv::Store,
+}
+
+struct Inner {
+    nats: Nats,
+    rt: tokio::runtime::Handle,
+    node: String,
+    lease: Duration,
+    chans: Mutex<HashMap<ChannelUri, Chan>>,
+    /// The leases this node holds, renewed in the background.
+    owned: Mutex<HashMap<ChannelUri, lease::Lease>>,
+    /// The NATS client, for its connection state.
+    client: async_nats::Client,
+    /// Ends the runtime's thread when the journal goes.
+    _stop: oneshot::Sender<()>,
+}
+
+/// The journal of a cluster node, in NATS JetStream.
+#[derive(Clone)]
+pub struct JetStreamJournal {
+    inner: Arc<Inner>,
+}
+
+impl JetStreamJournal {
+    /// Connect, and create the stream and buckets if they are missing.
+    pub async fn connect(cfg: &ClusterConfig) -> Result<Self, JournalError> {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("tandem-nats".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("tandem-nats")
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = handle_tx.send(Ok(rt.handle().clone()));
+                rt.block_on(async {
+                    let _ = stop_rx.await;
+                });
+            })
+            .map_err(|e| unavailable("cannot start its thread", e))?;
+        let rt = handle_rx
+            .recv()
+            .map_err(|e| unavailable("its thread", e))?
+            .map_err(|e| unavailable("its runtime", e))?;
+        let urls = cfg.urls.clone();
+        let lease = cfg.lease;
+        let nats = rt
+            .spawn(async move { Nats::open(&urls, lease).await })
+            .await
+            .map_err(|e| unavailable("connect", e))??;
+        let journal = Self {
+            inner: Arc::new(Inner {
+                client: nats.js.client(),
+                nats,
+                rt,
+                node: cfg.node_id.clone(),
+                lease: cfg.lease,
+                chans: Mutex::new(HashMap::new()),
+                owned: Mutex::new(HashMap::new()),
+                _stop: stop_tx,
+            }),
+        };
+        journal.start_renewing();
+        Ok(journal)
+    }
+
+    /// Renew every lease this node holds, three times per lease time; a
+    /// lease that cannot be renewed is lost, and the channel's appends are
+    /// refused from then on.
+    fn start_renewing(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        let period = self.inner.lease / 3;
+        self.inner.rt.spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let journal = JetStreamJournal { inner };
+                let leases = journal.leases();
+                let held: Vec<lease::Lease> =
+                    journal.inner.owned.lock().values().cloned().collect();
+                for l in held {
+                    match leases.renew_here(&l).await {
+                        Ok(renewed) => {
+                            let mut owned = journal.inner.owned.lock();
+                            if let Some(slot) = owned.get_mut(l.channel.as_str()) {
+                                *slot = renewed;
+                            }
+                        }
+                        Err(lease::LeaseError::Lost(_)) => {
+                            let uri = ChannelUri::from(l.channel.as_str());
+                            journal.inner.owned.lock().remove(&uri);
+                            // Expired (NATS was away longer than the lease):
+                            // take it again if nobody else wrote meanwhile.
+                            match journal.reown(&uri).await {
+                                Ok(()) => {
+                                    tracing::warn!(channel = %uri, "lease expired and was taken again; nothing was written meanwhile")
+                                }
+                                Err(e) => {
+                                    tracing::error!(channel = %uri, node = %journal.inner.node, error = %e, "lease lost: this node no longer writes the channel");
+                                    journal.lost(&uri, "this node's lease on the channel was lost");
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            // NATS unreachable: keep trying while the lease
+                            // may still hold; appends fail meanwhile anyway.
+                            tracing::warn!(channel = %l.channel, error = %e, "lease not renewed");
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Take `channel` for this node: its lease, then a fence on its
+    /// subject. Fails when another live node holds it.
+    pub async fn own(&self, channel: &ChannelUri) -> Result<(), JournalError> {
+        let lease = self.leases().acquire(channel).await.map_err(|e| match e {
+            lease::LeaseError::Store(e) => e,
+            e => JournalError::Fenced {
+                channel: channel.clone(),
+                reason: e.to_string(),
+            },
+        })?;
+        self.inner.owned.lock().insert(channel.clone(), lease);
+        self.fence(channel).await
+    }
+
+    /// Take a channel this node had back after its lease expired: only if
+    /// nobody holds it and nothing was written since this node's last
+    /// append (its state here is then still the truth).
+    async fn reown(&self, channel: &ChannelUri) -> Result<(), JournalError> {
+        let lease = self
+            .leases()
+            .acquire_here(channel.to_string())
+            .await
+            .map_err(|e| JournalError::Unavailable(e.to_string()))?;
+        let known = self.inner.chans.lock().get(channel).map(|c| c.last_seq);
+        let stored = self.inner.nats.read_channel(channel, 0, u64::MAX).await?;
+        if known != Some(stored.last_seq) {
+            return Err(JournalError::Fenced {
+                channel: channel.clone(),
+                reason: "another node wrote to the channel while this node's lease had expired"
+                    .into(),
+            });
+        }
+        self.inner.owned.lock().insert(channel.clone(), lease);
+        Ok(())
+    }
+
+    /// How many channels this node owns.
+    pub fn owned(&self) -> usize {
+        self.inner.owned.lock().len()
+    }
+
+    /// Whether the NATS connection is up.
+    pub fn connected(&self) -> bool {
+        self.inner.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &str {
+        &self.inner.node
+    }
+
+    /// The leases of this node ([`lease::Leases`]).
+    pub fn leases(&self) -> lease::Leases {
+        lease::Leases::new(
+            self.inner.nats.leases.clone(),
+            self.inner.node.clone(),
+            self.inner.lease,
+            self.inner.rt.clone(),
+        )
+    }
+
+    /// Run `fut` on the journal's runtime and wait for it here.
+    fn block<T: Send + 'static>(
+        &self,
+        fut: impl Future<Output = Result<T, JournalError>> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.inner.rt.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .map_err(|_| unavailable("no answer", "within 60 s"))?
+    }
+
+    /// Take `channel` over from whoever wrote it last: a fence message on
+    /// its subject, after which an earlier owner's appends are refused. The
+    /// caller holds the channel's lease. The channel's state is read back
+    /// first (so this node appends after everything stored).
+    pub async fn fence(&self, channel: &ChannelUri) -> Result<(), JournalError> {
+        let inner = self.inner.clone();
+        let uri = channel.clone();
+        self.inner
+            .rt
+            .spawn(async move {
+                let read = inner.nats.read_channel(&uri, 0, 0).await?;
+                let msg = jetstream::message::PublishMessage::build()
+                    .header(FENCE_HEADER, inner.node.as_str())
+                    .expected_last_subject_sequence(read.last_seq)
+                    .payload(Bytes::new());
+                let ack = inner
+                    .nats
+                    .js
+                    .send_publish(subject(&uri), msg)
+                    .await
+                    .map_err(|e| unavailable("fence", e))?
+                    .await
+                    .map_err(|e| publish_error(&uri, e))?;
+                let mut chans = inner.chans.lock();
+                let c = chans.entry(uri).or_default();
+                c.len = read.len;
+                c.projected = read.len;
+                c.last_seq = ack.sequence;
+                c.turns = read.turn_count;
+                c.fenced = None;
+                Ok(())
+            })
+            .await
+            .map_err(|e| unavailable("fence", e))?
+    }
+
+    /// Refuse further appends to `channel` (this node lost it).
+    pub fn lost(&self, channel: &ChannelUri, why: &str) {
+        let mut chans = self.inner.chans.lock();
+        chans.entry(channel.clone()).or_default().fenced = Some(why.to_owned());
+    }
+}
+
+fn publish_error(uri: &ChannelUri, e: jetstream::context::PublishError) -> JournalError {
+    match e.kind() {
+        jetstream::context::PublishErrorKind::WrongLastSequence => JournalError::Fenced {
+            channel: uri.clone(),
+            reason: "another node wrote to the channel since this node last did".into(),
+        },
+        _ => unavailable("append", e),
+    }
+}
+
+/// One channel as read from the stream.
+struct ChannelRead {
+    tail: Vec<Record>,
+    len: u64,
+    last_seq: u64,
+    turn_count: u64,
+    /// Turns in the tail (written again: their bucket write may not have
+    /// happened).
+    turns: Vec<TurnRecord>,
+    truncations: Vec<u64>,
+}
+
+impl Nats {
+    async fn open(urls: &[String], lease: Duration) -> Result<Self, JournalError> {
+        let addrs: Vec<async_nats::ServerAddr> = urls
+            .iter()
+            .map(|u| u.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e| unavailable("bad URL", e))?;
+        let client = async_nats::ConnectOptions::new()
+            .name("tandem")
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(5))
+            .connect(addrs)
+            .await
+            .map_err(|e| unavailable("connect", e))?;
+        // A first connection that cannot be made fails the start instead of
+        // retrying for ever.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while client.connection_state() != async_nats::connection::State::Connected {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .map_err(|_| {
+            unavailable(
+                "connect",
+                format!("no NATS server answered at {} within 10 s", urls.join(", ")),
+            )
+        })?;
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_secs(5))
+            .build(client);
+        let stream = js
+            .get_or_create_stream(stream::Config {
+                name: STREAM.into(),
+                subjects: vec![format!("{SUBJECT_PREFIX}.>")],
+                storage: stream::StorageType::File,
+                allow_direct: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable("create the journal stream (is JetStream enabled?)", e))?;
+        let bucket = |name: &'static str, max_age: Duration| {
+            let js = js.clone();
+            async move {
+                // The bucket's stream, made as the key-value API makes it
+                // (without asking for account details, which servers
+                // before 2.10 answer in a form the client does not read).
+                js.get_or_create_stream(stream::Config {
+                    name: format!("KV_{name}"),
+                    subjects: vec![format!("$KV.{name}.>")],
+                    max_messages_per_subject: 1,
+                    max_age,
+                    storage: stream::StorageType::File,
+                    allow_rollup: true,
+                    deny_delete: true,
+                    allow_direct: true,
+                    discard: stream::DiscardPolicy::New,
+                    num_replicas: 1,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| unavailable(&format!("create bucket {name}"), e))?;
+                js.get_key_value(name)
+                    .await
+                    .map_err(|e| unavailable(&format!("open bucket {name}"), e))
+            }
+        };
+        Ok(Self {
+            channels: bucket(CHANNELS, Duration::ZERO).await?,
+            snapshots: bucket(SNAPSHOTS, Duration::ZERO).await?,
+            turns: bucket(TURNS, Duration::ZERO).await?,
+            providers: bucket(PROVIDERS, Duration::ZERO).await?,
+            nodes: bucket(NODES, Duration::ZERO).await?,
+            leases: bucket(lease::LEASES, lease).await?,
+            js,
+            stream,
+        })
+    }
+
+    /// Read `uri`'s messages from stream sequence `from` on, keeping the
+    /// actions from journal position `at` on.
+    async fn read_channel(
+        &self,
+        uri: &ChannelUri,
+        from: u64,
+        at: u64,
+    ) -> Result<ChannelRead, JournalError> {
+        let subject = subject(uri);
+        let mut read = ChannelRead {
+            tail: Vec::new(),
+            len: at,
+            last_seq: 0,
+            turn_count: 0,
+            turns: Vec::new(),
+            truncations: Vec::new(),
+        };
+        let mut seq = from.max(1);
+        loop {
+            let got = self
+                .stream
+                .raw_message_builder()
+                .sequence(seq)
+                .next_by_subject(subject.clone())
+                .send()
+                .await;
+            let msg = match got {
+                Ok(m) => m,
+                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(unavailable("read the journal", e)),
+            };
+            seq = msg.sequence + 1;
+            read.last_seq = msg.sequence;
+            let Some(pos) = msg
+                .headers
+                .get(POS_HEADER)
+                .and_then(|v| v.as_str().parse::<u64>().ok())
+            else {
+                continue; // a fence
+            };
+            let batch: BatchMsg = serde_json::from_slice(&msg.payload).map_err(|e| {
+                JournalError::Unavailable(format!(
+                    "{uri}: stored batch at stream sequence {} does not decode: {e}",
+                    msg.sequence
+                ))
+            })?;
+            for (i, r) in batch.records.iter().enumerate() {
+                if pos + i as u64 >= at {
+                    read.tail.push(Record::from(r.get()));
+                }
+            }
+            read.len = read.len.max(pos + batch.records.len() as u64);
+            if let Some(from) = batch.truncate_turns_from {
+                read.truncations.push(from);
+                read.turns.retain(|t| t.index < from);
+                read.turn_count = read.turn_count.min(from);
+            }
+            for t in batch.turns {
+                read.turn_count = read.turn_count.max(t.index + 1);
+                read.turns.push(TurnRecord {
+                    index: t.index,
+                    json: Arc::from(t.json.get()),
+                });
+            }
+        }
+        Ok(read)
+    }
+
+    /// The channel with its snapshot and tail; its turns in the bucket
+    /// brought up to date.
+    async fn load(&self, info: ChannelInfo) -> Result<(RecoveredChannel, u64), JournalError> {
+        let key = token(&info.uri);
+        let snap = self
+            .snapshots
+            .get(key.clone())
+            .await
+            .map_err(|e| unavailable("read a snapshot", e))?;
+        let (snapshot, from, turns_at_snapshot) = match &snap {
+            Some(bytes) => {
+                let s: SnapshotMsg = serde_json::from_slice(bytes).map_err(|e| {
+                    JournalError::Unavailable(format!(
+                        "{}: snapshot does not decode: {e}",
+                        info.uri
+                    ))
+                })?;
+                (
+                    Some(SnapshotRecord {
+                        at_seq: JournalPos::new(s.at_seq),
+                        state: Arc::from(s.state.get()),
+                    }),
+                    s.from_stream_seq,
+                    s.turn_count,
+                )
+            }
+            None => (None, 0, 0),
+        };
+        let at = snapshot.as_ref().map_or(0, |s| s.at_seq.get());
+        let read = self.read_channel(&info.uri, from, at).await?;
+        for from in &read.truncations {
+            self.delete_turns(&key, *from, turns_at_snapshot.max(read.turn_count))
+                .await;
+        }
+        for t in &read.turns {
+            self.put_turn(&key, t).await?;
+        }
+        let turn_count = if read.truncations.is_empty() {
+            turns_at_snapshot.max(read.turn_count)
+        } else {
+            read.turn_count
+        };
+        let channel = RecoveredChannel {
+            info,
+            snapshot,
+            tail: read.tail,
+            len: JournalPos::new(read.len),
+            turn_count,
+        };
+        Ok((channel, read.last_seq))
+    }
+
+    async fn put_turn(&self, chat: &str, t: &TurnRecord) -> Result<(), JournalError> {
+        self.turns
+            .put(
+                format!("{chat}.{}", t.index),
+                Bytes::copy_from_slice(t.json.as_bytes()),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable("store a turn", e))
+    }
+
+    async fn delete_turns(&self, chat: &str, from: u64, to: u64) {
+        for i in from..to {
+            let _ = self.turns.purge(format!("{chat}.{i}")).await;
+        }
+    }
+
+    async fn recover(&self) -> Result<(Recovered, Vec<(ChannelUri, Chan)>), JournalError> {
+        // Channels in creation order.
+        let mut keys = self
+            .channels
+            .keys()
+            .await
+            .map_err(|e| unavailable("list channels", e))?;
+        let mut infos = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| unavailable("list channels", e))?;
+            let Some(entry) = self
+                .channels
+                .entry(key.clone())
+                .await
+                .map_err(|e| unavailable("read a channel", e))?
+            else {
+                continue;
+            };
+            if entry.operation != kv::Operation::Put {
+                continue;
+            }
+            let msg: ChannelMsg = serde_json::from_slice(&entry.value).map_err(|e| {
+                JournalError::Unavailable(format!("channel record {key} does not decode: {e}"))
+            })?;
+            let Some(info) = msg.info() else {
+                return Err(JournalError::Unavailable(format!(
+                    "channel record {key} has an unknown kind"
+                )));
+            };
+            infos.push((entry.revision, info));
+        }
+        // Sessions before chats (their records are written concurrently),
+        // each in creation order.
+        infos.sort_by_key(|(rev, info)| (info.kind != ChannelKind::Session, *rev));
+        let mut channels = Vec::with_capacity(infos.len());
+        let mut chans = Vec::with_capacity(infos.len());
+        for (_, info) in infos {
+            let uri = info.uri.clone();
+            let (c, last_seq) = self.load(info).await?;
+            chans.push((
+                uri,
+                Chan {
+                    len: c.len.get(),
+                    projected: c.len.get(),
+                    last_seq,
+                    turns: c.turn_count,
+                    ..Chan::default()
+                },
+            ));
+            channels.push(c);
+        }
+        let mut provider_owners = BTreeMap::new();
+        let mut keys = self
+            .providers
+            .keys()
+            .await
+            .map_err(|e| unavailable("list providers", e))?;
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| unavailable("list providers", e))?;
+            if let Some(v) = self
+                .providers
+                .get(key)
+                .await
+                .map_err(|e| unavailable("read a provider", e))?
+            {
+                if let Ok(o) = serde_json::from_slice::<OwnerMsg>(&v) {
+                    provider_owners.insert(o.provider, o.subject);
+                }
+            }
+        }
+        Ok((
+            Recovered {
+                channels,
+                seq_floor: ServerSeq::ZERO,
+                provider_owners,
+            },
+            chans,
+        ))
+    }
+}
+
+impl Inner {
+    /// Send `channel`'s queued appends, one message at a time, until none
+    /// are left.
+    async fn flush(self: Arc<Self>, uri: ChannelUri) {
+        loop {
+            let (group, pos, last_seq, turns_before) = {
+                let mut chans = self.chans.lock();
+                let Some(c) = chans.get_mut(&uri) else {
+                    return;
+                };
+                if c.queue.is_empty() {
+                    c.in_flight = false;
+                    return;
+                }
+                (std::mem::take(&mut c.queue), c.len, c.last_seq, c.turns)
+            };
+            let outcome = self.send(&uri, &group, pos, last_seq, turns_before).await;
+            let mut chans = self.chans.lock();
+            let Some(c) = chans.get_mut(&uri) else {
+                return;
+            };
+            match outcome {
+                Ok((seq, added, turns)) => {
+                    c.last_seq = seq;
+                    c.len += added;
+                    c.turns = turns;
+                    drop(chans);
+                    for p in group {
+                        let _ = p.done.send(Ok(()));
+                    }
+                }
+                Err(e) => {
+                    // Everything queued behind it built on it: refused too.
+                    if let JournalError::Fenced { reason, .. } = &e {
+                        c.fenced = Some(reason.clone());
+                    }
+                    let queued = std::mem::take(&mut c.queue);
+                    c.projected = c.len;
+                    drop(chans);
+                    for p in group.into_iter().chain(queued) {
+                        let _ = p.done.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One message for `group`; its stream sequence, the actions it added
+    /// and the channel's turn count after it.
+    async fn send(
+        &self,
+        uri: &ChannelUri,
+        group: &[Pending],
+        pos: u64,
+        last_seq: u64,
+        turns_before: u64,
+    ) -> Result<(u64, u64, u64), JournalError> {
+        let mut records: Vec<&RawValue> = Vec::new();
+        let mut turns: Vec<TurnMsg> = Vec::new();
+        let mut truncate: Option<u64> = None;
+        let mut turn_count = turns_before;
+        let mut snapshot: Option<&SnapshotRecord> = None;
+        for p in group {
+            if let Some(from) = p.batch.truncate_turns_from {
+                turns.retain(|t| t.index < from);
+                truncate = Some(truncate.map_or(from, |t| t.min(from)));
+                turn_count = turn_count.min(from);
+            }
+            for t in &p.batch.turns {
+                turn_count = turn_count.max(t.index + 1);
+                turns.push(TurnMsg {
+                    index: t.index,
+                    json: raw(&t.json)?,
+                });
+            }
+            for r in &p.batch.records {
+                records.push(raw(r)?);
+            }
+            if let Some(s) = &p.batch.snapshot {
+                snapshot = Some(s);
+            }
+        }
+        let added = records.len() as u64;
+        let payload = serde_json::to_vec(&BatchMsg {
+            records,
+            turns,
+            truncate_turns_from: truncate,
+        })
+        .map_err(|e| unavailable("encode a batch", e))?;
+        let msg = jetstream::message::PublishMessage::build()
+            .header(POS_HEADER, pos.to_string().as_str())
+            .expected_last_subject_sequence(last_seq)
+            .payload(Bytes::from(payload));
+        let ack = self
+            .nats
+            .js
+            .send_publish(subject(uri), msg)
+            .await
+            .map_err(|e| unavailable("append", e))?
+            .await
+            .map_err(|e| publish_error(uri, e))?;
+        // The batch is stored (and holds its turns); the turn pages and the
+        // snapshot follow. A turn that could not be written leaves the
+        // snapshot where it was, so the next start writes it again.
+        let key = token(uri);
+        if let Some(from) = truncate {
+            self.nats.delete_turns(&key, from, turns_before).await;
+        }
+        let mut turns_ok = true;
+        for p in group {
+            for t in &p.batch.turns {
+                if let Err(e) = self.nats.put_turn(&key, t).await {
+                    tracing::warn!(channel = %uri, error = %e, "turn page not written; recovery writes it again");
+                    turns_ok = false;
+                }
+            }
+        }
+        if let (Some(s), true) = (snapshot, turns_ok) {
+            let value = SnapshotMsg {
+                at_seq: s.at_seq.get(),
+                from_stream_seq: ack.sequence,
+                turn_count,
+                state: raw(&s.state)?,
+            };
+            match serde_json::to_vec(&value) {
+                Ok(v) => {
+                    if let Err(e) = self.nats.snapshots.put(key, Bytes::from(v)).await {
+                        tracing::warn!(channel = %uri, error = %e, "snapshot not stored; recovery reads a longer tail");
+                    }
+                }
+                Err(e) => tracing::warn!(channel = %uri, error = %e, "snapshot does not encode"),
+            }
+        }
+        Ok((ack.sequence, added, turn_count))
+    }
+}
+
+fn raw(json: &str) -> Result<&RawValue, JournalError> {
+    serde_json::from_str(json).map_err(|e| {
+        JournalError::Unavailable(format!("a journal record is not JSON ({e}): {json:.80}"))
+    })
+}
+
+impl Journal for JetStreamJournal {
+    fn create_channel(&self, info: ChannelInfo) -> Commit {
+        let inner = self.inner.clone();
+        let journal = self.clone();
+        let done = self.inner.rt.spawn(async move {
+            let lease = journal
+                .leases()
+                .acquire_here(info.uri.to_string())
+                .await
+                .map_err(|e| match e {
+                    lease::LeaseError::Store(e) => e,
+                    e => JournalError::Fenced {
+                        channel: info.uri.clone(),
+                        reason: e.to_string(),
+                    },
+                })?;
+            inner.owned.lock().insert(info.uri.clone(), lease);
+            let value = serde_json::to_vec(&ChannelMsg::of(&info))
+                .map_err(|e| unavailable("encode a channel", e))?;
+            inner
+                .nats
+                .channels
+                .put(token(&info.uri), Bytes::from(value))
+                .await
+                .map_err(|e| unavailable("store a channel", e))?;
+            Ok(())
+        });
+        Box::pin(async move { done.await.map_err(|e| unavailable("store a channel", e))? })
+    }
+
+    fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut chans = self.inner.chans.lock();
+            let c = chans.entry(channel.clone()).or_default();
+            if let Some(reason) = &c.fenced {
+                return Box::pin(std::future::ready(Err(JournalError::Fenced {
+                    channel: channel.clone(),
+                    reason: reason.clone(),
+                })));
+            }
+            let found = JournalPos::new(c.projected);
+            if found != expected {
+                return Box::pin(std::future::ready(Err(JournalError::Conflict {
+                    channel: channel.clone(),
+                    expected,
+                    found,
+                })));
+            }
+            c.projected += batch.records.len() as u64;
+            c.queue.push(Pending { batch, done: tx });
+            !std::mem::replace(&mut c.in_flight, true)
+        };
+        if start {
+            self.inner
+                .rt
+                .spawn(self.inner.clone().flush(channel.clone()));
+        }
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| Err(unavailable("append", "the journal stopped")))
+        })
+    }
+
+    fn remove(&self, channel: &ChannelUri) {
+        self.inner.chans.lock().remove(channel);
+        let lease = self.inner.owned.lock().remove(channel);
+        let inner = self.inner.clone();
+        let uri = channel.clone();
+        self.inner.rt.spawn(async move {
+            let key = token(&uri);
+            let n = &inner.nats;
+            if let Err(e) = n.stream.purge().filter(subject(&uri)).await {
+                tracing::warn!(channel = %uri, error = %e, "disposed channel's messages not purged");
+            }
+            let _ = n.snapshots.purge(key.clone()).await;
+            let _ = n.channels.purge(key.clone()).await;
+            let turns = format!("$KV.{TURNS}.{key}.>");
+            if let Ok(s) = n.js.get_stream(format!("KV_{TURNS}")).await {
+                let _ = s.purge().filter(turns).await;
+            }
+            if let Some(l) = lease {
+                let _ = n
+                    .leases
+                    .delete_expect_revision(token(&l.channel), Some(l.revision))
+                    .await;
+            }
+        });
+    }
+
+    fn len(&self, channel: &ChannelUri) -> JournalPos {
+        JournalPos::new(self.inner.chans.lock().get(channel).map_or(0, |c| c.len))
+    }
+
+    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
+        let inner = self.inner.clone();
+        let key = token(chat);
+        self.block(async move {
+            let mut page = Vec::new();
+            for i in before.saturating_sub(limit)..before {
+                if let Some(v) = inner
+                    .nats
+                    .turns
+                    .get(format!("{key}.{i}"))
+                    .await
+                    .map_err(|e| unavailable("read a turn", e))?
+                {
+                    let text =
+                        std::str::from_utf8(&v).map_err(|e| unavailable("read a turn", e))?;
+                    page.push(Arc::from(text));
+                }
+            }
+            Ok(page)
+        })
+    }
+
+    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
+        let inner = self.inner.clone();
+        self.block(async move {
+            let key = format!("{}.seq", inner.node);
+            let current = inner
+                .nats
+                .nodes
+                .get(key.clone())
+                .await
+                .map_err(|e| unavailable("read the seq floor", e))?
+                .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            if upto.get() > current {
+                inner
+                    .nats
+                    .nodes
+                    .put(key, Bytes::from(upto.get().to_string()))
+                    .await
+                    .map_err(|e| unavailable("store the seq floor", e))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn recover(&self) -> Result<Recovered, JournalError> {
+        let inner = self.inner.clone();
+        let (mut recovered, chans) = self.block(async move { inner.nats.recover().await })?;
+        let inner = self.inner.clone();
+        let node = self.inner.node.clone();
+        recovered.seq_floor = self.block(async move {
+            Ok(inner
+                .nats
+                .nodes
+                .get(format!("{node}.seq"))
+                .await
+                .map_err(|e| unavailable("read the seq floor", e))?
+                .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok())
+                .map_or(ServerSeq::ZERO, ServerSeq::new))
+        })?;
+        {
+            let mut map = self.inner.chans.lock();
+            for (uri, c) in chans {
+                map.insert(uri, c);
+            }
+        }
+        // Every stored channel becomes this node's: a lease and a fence
+        // each (one node serves a cluster's channels for now).
+        let me = self.clone();
+        let uris: Vec<ChannelUri> = recovered
+            .channels
+            .iter()
+            .map(|c| c.info.uri.clone())
+            .collect();
+        self.block(async move {
+            for uri in uris {
+                me.own(&uri).await?;
+            }
+            Ok(())
+        })?;
+        Ok(recovered)
+    }
+
+    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
+        let inner = self.inner.clone();
+        let (provider, subject) = (provider.to_owned(), subject.to_owned());
+        let done = self.inner.rt.spawn(async move {
+            let key = token(&provider);
+            let value = serde_json::to_vec(&OwnerMsg {
+                provider: provider.clone(),
+                subject: subject.clone(),
+            })
+            .map_err(|e| unavailable("encode a provider", e))?;
+            match inner
+                .nats
+                .providers
+                .create(key.clone(), Bytes::from(value))
+                .await
+            {
+                Ok(_) => Ok(subject),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                    let v = inner
+                        .nats
+                        .providers
+                        .get(key)
+                        .await
+                        .map_err(|e| unavailable("read a provider", e))?
+                        .ok_or_else(|| unavailable("read a provider", "it vanished"))?;
+                    let o: OwnerMsg = serde_json::from_slice(&v)
+                        .map_err(|e| unavailable("read a provider", e))?;
+                    Ok(o.subject)
+                }
+                Err(e) => Err(unavailable("bind a provider", e)),
+            }
+        });
+        Box::pin(async move { done.await.map_err(|e| unavailable("bind a provider", e))? })
+    }
+
+    fn sync(&self) -> Result<(), JournalError> {
+        // Every append is acknowledged once JetStream stored it; wait for
+        // the ones in flight.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self
+            .inner
+            .chans
+            .lock()
+            .values()
+            .any(|c| c.in_flight || !c.queue.is_empty())
+        {
+            if std::time::Instant::now() > deadline {
+                return Err(unavailable("sync", "appends still in flight after 10 s"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    fn writable(&self) -> Result<(), JournalError> {
+        if self.connected() {
+            Ok(())
+        } else {
+            Err(unavailable(
+                "not connected",
+                "writes are refused until the connection to NATS is back",
+            ))
+        }
+    }
+
+    fn health(&self) -> Option<serde_json::Value> {
+        Some(serde_json::json!({
+            "node": self.inner.node,
+            "nats": if self.connected() { "connected" } else { "disconnected: writes are refused until it is back" },
+            "channelsOwned": self.owned(),
+        }))
+    }
+
+    fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
+        let inner = self.inner.clone();
+        let key = token(uri);
+        let loaded = self.block(async move {
+            let Some(v) = inner
+                .nats
+                .channels
+                .get(key)
+                .await
+                .map_err(|e| unavailable("read a channel", e))?
+            else {
+                return Ok(None);
+            };
+            let msg: ChannelMsg =
+                serde_json::from_slice(&v).map_err(|e| unavailable("read a channel", e))?;
+            let Some(info) = msg.info() else {
+                return Ok(None);
+            };
+            inner.nats.load(info).await.map(Some)
+        })?;
+        let Some((c, last_seq)) = loaded else {
+            return Ok(None);
+        };
+        // A reload follows a failed append: what is stored is the truth.
+        let mut chans = self.inner.chans.lock();
+        let e = chans.entry(uri.clone()).or_default();
+        if !e.in_flight {
+            e.len = c.len.get();
+            e.projected = c.len.get();
+            e.last_seq = last_seq;
+            e.turns = c.turn_count;
+        }
+        Ok(Some(c))
+    }
+}

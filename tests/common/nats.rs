@@ -1,0 +1,118 @@
+//! A real `nats-server` with JetStream for cluster tests: Debian's package,
+//! installed with apt-get when the machine lacks it, started on a free
+//! loopback port with its store in a temp directory, killed on drop.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The `nats-server` program, installed on first use if missing.
+pub fn nats_server_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let find = || {
+            [
+                "/usr/sbin/nats-server",
+                "/usr/bin/nats-server",
+                "/usr/local/bin/nats-server",
+            ]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+        };
+        if let Some(p) = find() {
+            return p;
+        }
+        eprintln!("installing nats-server with apt-get");
+        for args in [
+            vec!["update"],
+            vec!["install", "-y", "--no-install-recommends", "nats-server"],
+        ] {
+            let ok = Command::new("apt-get")
+                .args(&args)
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(
+                ok,
+                "apt-get {args:?} failed: cluster tests need nats-server"
+            );
+        }
+        find().expect("nats-server installed but not found")
+    })
+    .clone()
+}
+
+/// One `nats-server -js` on loopback.
+pub struct NatsServer {
+    child: Option<Child>,
+    /// Its client port.
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl NatsServer {
+    /// Start one with a fresh store.
+    pub fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let dir = super::temp_dir("nats");
+        let mut s = Self {
+            child: None,
+            port,
+            dir,
+        };
+        s.restart();
+        s
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Kill it (its store stays).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start it again on the same port and store; returns once it accepts
+    /// connections.
+    pub fn restart(&mut self) {
+        self.stop();
+        let log = std::fs::File::create(self.dir.join("nats.log")).expect("log");
+        let child = Command::new(nats_server_bin())
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(self.dir.join("js"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start nats-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

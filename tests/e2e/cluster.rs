@@ -1,0 +1,314 @@
+//! A node whose journal is in NATS JetStream (`--cluster`), against a real
+//! `nats-server -js` on loopback and the real binary: it recovers from the
+//! stream after SIGKILL, a second node cannot write channels a live node
+//! owns, a paused owner that lost its lease cannot append after a takeover,
+//! and losing NATS refuses writes until NATS is back.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::nats::NatsServer;
+use crate::common::{
+    action, eventually, healthz, last_turn_markdown, temp_dir, ServerProcess, TestClient,
+};
+
+fn node(dir: &Path, nats: &NatsServer, id: &str) -> ServerProcess {
+    ServerProcess::spawn_with(
+        &dir.join(format!("{id}.log")),
+        &[
+            "--cluster",
+            &nats.url(),
+            "--node-id",
+            id,
+            "--lease-secs",
+            "2",
+        ],
+    )
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
+}
+
+async fn title(c: &mut TestClient, session: &str, text: &str) -> Option<String> {
+    let seq = c
+        .dispatch(
+            session,
+            action(json!({"type": "session/titleChanged", "title": text})),
+        )
+        .await;
+    c.wait_echo(None, seq).await.rejection_reason
+}
+
+async fn session_title(server: &ServerProcess, session: &str) -> String {
+    let c = server
+        .client(&format!("check-{}", uuid::Uuid::new_v4()))
+        .await;
+    let s = c.subscribe_session(session).await;
+    c.client.shutdown().await;
+    s.title
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_keeps_its_journal_in_jetstream_and_comes_back_from_it_after_sigkill() {
+    let nats = NatsServer::start();
+    let dir = temp_dir("cluster");
+    let mut a = node(&dir, &nats, "a");
+    let mut c = a.client("ann").await;
+    let (session, chat) = c.create_session().await;
+    let mut m = c.subscribe_chat(&chat).await;
+    for i in 0..70 {
+        // Past one snapshot (every 64 actions).
+        assert_eq!(title(&mut c, &session, &format!("title {i}")).await, None);
+    }
+    c.start_turn(&chat, "hello cluster").await;
+    c.wait_state(&mut m, |s| s.active_turn.is_none() && !s.turns.is_empty())
+        .await;
+    let before = m.state.clone();
+    let health = healthz(a.addr).await;
+    assert_eq!(health["cluster"]["node"], "a", "{health}");
+    assert_eq!(health["cluster"]["nats"], "connected", "{health}");
+    assert_eq!(health["cluster"]["channelsOwned"], 2, "{health}");
+    a.kill();
+
+    let a = node(&dir, &nats, "a");
+    let c = a.client("ann-2").await;
+    let after = c.subscribe_chat(&chat).await.state;
+    assert_eq!(after, before, "the chat as it was");
+    assert!(last_turn_markdown(&after)
+        .join("")
+        .contains("hello cluster"));
+    assert_eq!(session_title(&a, &session).await, "title 69");
+    // And it goes on writing where it stopped.
+    let mut c = a.client("ann-3").await;
+    assert_eq!(title(&mut c, &session, "after the crash").await, None);
+    assert_eq!(session_title(&a, &session).await, "after the crash");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_owner_keeps_its_channels_and_a_paused_one_cannot_append_after_a_takeover() {
+    let nats = NatsServer::start();
+    let dir = temp_dir("cluster");
+    let a = node(&dir, &nats, "a");
+    let mut ca = a.client("amy").await;
+    let (session, _chat) = ca.create_session().await;
+    assert_eq!(title(&mut ca, &session, "by a").await, None);
+
+    // While a renews its leases, b cannot take its channels.
+    let mut b = node(&dir, &nats, "b");
+    let status = b.wait_exit(Duration::from_secs(20)).expect("b gives up");
+    assert!(!status.success());
+    let log = std::fs::read_to_string(dir.join("b.log")).expect("b's log");
+    assert!(log.contains("owned by node `a`"), "{log}");
+
+    // a is paused past its lease: b takes over and fences every channel.
+    signal(a.pid(), "-STOP");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let b = node(&dir, &nats, "b");
+    assert_eq!(session_title(&b, &session).await, "by a");
+    let mut cb = b.client("bob").await;
+    assert_eq!(title(&mut cb, &session, "by b").await, None);
+
+    // a wakes up believing it still owns the session: its write is refused.
+    signal(a.pid(), "-CONT");
+    let mut ca = a.client("amy-2").await;
+    let refused = title(&mut ca, &session, "by a again").await;
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|r| r.contains("no longer this node's")),
+        "{refused:?}"
+    );
+    assert_eq!(session_title(&b, &session).await, "by b");
+    let health = healthz(b.addr).await;
+    assert_eq!(health["cluster"]["channelsOwned"], 2, "{health}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_nats_writes_are_refused_reads_go_on_and_service_resumes_by_itself() {
+    let mut nats = NatsServer::start();
+    let dir = temp_dir("cluster");
+    let a = node(&dir, &nats, "a");
+    let mut c = a.client("cat").await;
+    let (session, _chat) = c.create_session().await;
+    assert_eq!(title(&mut c, &session, "before").await, None);
+
+    nats.stop();
+    let refused = title(&mut c, &session, "while away").await;
+    assert!(
+        refused.as_deref().is_some_and(|r| r.contains("NATS")),
+        "{refused:?}"
+    );
+    // Reads are served from memory meanwhile.
+    assert_eq!(session_title(&a, &session).await, "before");
+    let h: Value = eventually("healthz says NATS is away", || async {
+        let h = healthz(a.addr).await;
+        (h["cluster"]["nats"] != "connected").then_some(h)
+    })
+    .await;
+    assert!(
+        h["cluster"]["nats"]
+            .as_str()
+            .unwrap_or("")
+            .contains("disconnected"),
+        "{h}"
+    );
+
+    nats.restart();
+    eventually("NATS is back", || async {
+        (healthz(a.addr).await["cluster"]["nats"] == "connected").then_some(())
+    })
+    .await;
+    let mut accepted = None;
+    for _ in 0..50 {
+        if title(&mut c, &session, "after").await.is_none() {
+            accepted = Some(());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(accepted.is_some(), "writes resume");
+    drop(c);
+    drop(a);
+    // Everything acknowledged is in the stream: a fresh node start reads it.
+    let a = node(&dir, &nats, "a");
+    assert_eq!(session_title(&a, &session).await, "after");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jetstream_journal_keeps_what_the_sqlite_journal_keeps() {
+    use tandem::ids::{ChannelUri, JournalPos};
+    use tandem::store::{
+        Batch, ChannelInfo, ChannelKind, ClusterConfig, JetStreamJournal, Journal, JournalError,
+        SnapshotRecord, TurnRecord,
+    };
+    let nats = NatsServer::start();
+    let cfg = ClusterConfig::parse(&nats.url(), "j1").expect("config");
+    let j = JetStreamJournal::connect(&cfg).await.expect("connect");
+    let chat = ChannelUri::from("ahp-chat:/journal-test");
+    j.create_channel(ChannelInfo {
+        uri: chat.clone(),
+        kind: ChannelKind::Chat,
+        session: Some("ahp-session:/s".into()),
+        provider: "scripted".into(),
+        title: "Chat".into(),
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        owner: None,
+    })
+    .await
+    .expect("create");
+    // Appends are fenced by position, and several in flight go out together.
+    let a1 = j.append(
+        &chat,
+        JournalPos::new(0),
+        Batch::of(vec!["{\"n\":1}".into()]),
+    );
+    let a2 = j.append(
+        &chat,
+        JournalPos::new(1),
+        Batch::of(vec!["{\"n\":2}".into()]),
+    );
+    let stale = j
+        .append(
+            &chat,
+            JournalPos::new(0),
+            Batch::of(vec!["{\"n\":0}".into()]),
+        )
+        .await;
+    assert!(
+        matches!(stale, Err(JournalError::Conflict { .. })),
+        "{stale:?}"
+    );
+    a1.await.expect("first");
+    a2.await.expect("second");
+    let turns = (0..5)
+        .map(|i| TurnRecord {
+            index: i,
+            json: format!("{{\"turn\":{i}}}").into(),
+        })
+        .collect();
+    j.append(
+        &chat,
+        JournalPos::new(2),
+        Batch {
+            records: vec!["{\"n\":3}".into(), "{\"n\":4}".into()],
+            turns,
+            truncate_turns_from: None,
+            snapshot: Some(SnapshotRecord {
+                at_seq: JournalPos::new(3),
+                state: "{\"state\":3}".into(),
+            }),
+        },
+    )
+    .await
+    .expect("third");
+    assert_eq!(j.len(&chat), JournalPos::new(4));
+    assert_eq!(j.bind_provider("p", "alice").await, Ok("alice".into()));
+    drop(j);
+
+    // Another connection (the same node after a restart) reads it all back.
+    let j = JetStreamJournal::connect(&cfg)
+        .await
+        .expect("connect again");
+    let j2 = j.clone();
+    let r = tokio::task::spawn_blocking(move || j2.recover())
+        .await
+        .expect("task")
+        .expect("recover");
+    assert_eq!(r.channels.len(), 1);
+    let c = &r.channels[0];
+    assert_eq!(c.len, JournalPos::new(4));
+    assert_eq!(
+        c.snapshot.as_ref().map(|s| s.at_seq),
+        Some(JournalPos::new(3))
+    );
+    assert_eq!(
+        c.tail.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+        ["{\"n\":4}"]
+    );
+    assert_eq!(c.turn_count, 5);
+    assert_eq!(
+        r.provider_owners.get("p").map(String::as_str),
+        Some("alice")
+    );
+    assert_eq!(j.bind_provider("p", "mallory").await, Ok("alice".into()));
+    let j2 = j.clone();
+    let chat2 = chat.clone();
+    let page = tokio::task::spawn_blocking(move || j2.turns_before(&chat2, 4, 2))
+        .await
+        .expect("task")
+        .expect("page");
+    assert_eq!(
+        page.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+        ["{\"turn\":2}", "{\"turn\":3}"]
+    );
+    j.append(
+        &chat,
+        JournalPos::new(4),
+        Batch::of(vec!["{\"n\":5}".into()]),
+    )
+    .await
+    .expect("appends go on after recovery");
+
+    // A disposed channel is gone from the stream and the buckets.
+    j.remove(&chat);
+    let j2 = j.clone();
+    let gone = eventually("the channel is purged", || {
+        let j2 = j2.clone();
+        async move {
+            let r = tokio::task::spawn_blocking(move || j2.recover())
+                .await
+                .expect("task")
+                .expect("recover");
+            r.channels.is_empty().then_some(())
+        }
+    })
+    .await;
+    assert_eq!(gone, ());
+}
