@@ -8,6 +8,9 @@
 //! |---------------------|------------------------------------------------------------------|
 //! | `/stream N [MS]`    | a thought chunk, then `chunk <i> ` N times, MS ms apart          |
 //! | `/slow`             | `tick <i> ` every 50 ms until cancelled (at most 1200)           |
+//! | `/stamped N MS`     | an empty chunk, then `<i>@<ns> ` N times on a fixed schedule MS  |
+//! |                     | ms apart (chunk i due (i-1)·MS after the first); `ns` is this    |
+//! |                     | process's `CLOCK_MONOTONIC` in ns just before the chunk is sent  |
 //! | `/tool NAME`        | a tool call, a permission request, then the tool's outcome       |
 //! | `/tool2 NAME`       | `/tool NAME` twice in one turn                                   |
 //! | `/form`             | a form elicitation (if the client supports form elicitation)     |
@@ -24,6 +27,14 @@
 //! Flags: `--minimal` answers `initialize` only; `--load-session` advertises and
 //! accepts `session/load` (and replays one chunk, `replayed history of ID`,
 //! before answering it, as real agents replay the conversation).
+//!
+//! `/stamped` is for the load generator (`loadtest agent-stream`): every
+//! process on a machine reads the same `CLOCK_MONOTONIC`, so a subscriber can
+//! subtract a chunk's stamp from its own receive time and get the delivery
+//! latency from the agent's send, through the bridge and the fan-out. The
+//! leading empty chunk opens the response part, so that all N stamped chunks
+//! reach subscribers as `chat/delta` (the first chunk of a message becomes
+//! the part itself).
 //!
 //! If `ACP_TEST_AGENT_LOG` names a file, the agent appends one JSON object per
 //! line for everything it receives or decides; tests count those lines, so no
@@ -230,6 +241,15 @@ impl Turn {
                 }
             }
             "/slow" => self.slow().await,
+            "/stamped" => match (
+                args.first().and_then(|n| n.parse::<u32>().ok()),
+                args.get(1).and_then(|ms| ms.parse::<u64>().ok()),
+            ) {
+                (Some(count), Some(pause_ms)) if args.len() == 2 => {
+                    self.stamped(count, pause_ms).await
+                }
+                _ => self.echo(text),
+            },
             "/tool" | "/tool2" if !rest.is_empty() => {
                 let times = if command == "/tool2" { 2 } else { 1 };
                 for _ in 0..times {
@@ -312,6 +332,32 @@ impl Turn {
             .log
             .event(json!({ "event": "fs", "said": said }));
         self.say(said)?;
+        Ok(StopReason::EndTurn)
+    }
+
+    /// Chunk `i` is due `(i-1) × pause_ms` after the first, however long
+    /// the sends before it took, so a long stream keeps its rate; a late
+    /// chunk is sent at once, and its stamp says when.
+    async fn stamped(&mut self, count: u32, pause_ms: u64) -> Result<StopReason, Error> {
+        self.say("")?;
+        let start = tokio::time::Instant::now();
+        for i in 1..=count {
+            let due = start + Duration::from_millis(pause_ms) * (i - 1);
+            let sleep = tokio::time::sleep_until(due);
+            tokio::pin!(sleep);
+            let cancel_seen = tokio::select! {
+                () = &mut sleep => false,
+                seen = self.cancel.wait_for(|cancelled| *cancelled) => seen.is_ok(),
+            };
+            // As in `pause`: a replaced flag is not a cancel.
+            if !cancel_seen && !sleep.is_elapsed() {
+                sleep.await;
+            }
+            if self.is_cancelled() {
+                return Ok(StopReason::Cancelled);
+            }
+            self.say(format!("{i}@{} ", monotonic_ns()))?;
+        }
         Ok(StopReason::EndTurn)
     }
 
@@ -563,6 +609,19 @@ impl Turn {
         }
         Ok(StopReason::EndTurn)
     }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock the load generator reads too
+/// (std's `Instant` is the same clock, but does not show its value).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the struct we pass.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "CLOCK_MONOTONIC is always available on Linux");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn prompt_text(prompt: &[ContentBlock]) -> String {

@@ -27,3 +27,18 @@ pub async fn sleep_until_ns(ns: u64) {
         tokio::time::sleep_until(instant_at(ns).into()).await;
     }
 }
+
+/// The machine's `CLOCK_MONOTONIC` in nanoseconds. Unlike [`now_ns`] it
+/// means the same in every process on this machine: an agent process stamps
+/// what it sends with it (`acp_test_agent`'s `/stamped`), and receivers here
+/// subtract the stamp from their own reading.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the struct we pass.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    debug_assert_eq!(rc, 0, "CLOCK_MONOTONIC is always available on Linux");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

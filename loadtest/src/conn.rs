@@ -247,10 +247,20 @@ impl Client {
 
     /// `createSession` with the scripted agent; returns (session, default chat).
     pub async fn create_session(&mut self) -> anyhow::Result<(String, String)> {
+        self.create_session_with("scripted").await
+    }
+
+    /// `createSession` with `provider` (an ACP agent's session is ready, and
+    /// has its default chat, once the agent process answered); returns
+    /// (session, default chat).
+    pub async fn create_session_with(
+        &mut self,
+        provider: &str,
+    ) -> anyhow::Result<(String, String)> {
         let session = format!("ahp-session:/{}", unique("loadtest"));
         self.request(
             "createSession",
-            json!({"channel": session, "provider": "scripted"}),
+            json!({"channel": session, "provider": provider}),
         )
         .await?;
         // The default chat appears once the session is ready.

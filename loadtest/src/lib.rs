@@ -12,7 +12,7 @@
 //! | [`report`] | result JSON, terminal table, latency SVG |
 //! | [`server`] | the server under test: spawned child, in-process, or `--url` |
 //! | [`baseline`] | minimal tokio + tungstenite broadcast server (the fan-out yardstick) |
-//! | [`scenarios`] | `fanout`, `drafts`, `durable`, `connections`, `reconnect-storm`, `recovery` |
+//! | [`scenarios`] | `fanout`, `drafts`, `durable`, `connections`, `reconnect-storm`, `recovery`, `agent-stream` |
 //! | [`clock`], [`sys`], [`progress`] | process clock, rlimit and /proc readings, progress bars |
 
 pub mod baseline;

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tandem_loadtest::report::{self, ScenarioResult};
 use tandem_loadtest::scenarios::{
+    agent_stream::{self, AgentStreamArgs},
     connections::{self, ConnectionsArgs},
     drafts::{self, DraftsArgs},
     durable::{self, DurableArgs},
@@ -71,6 +72,11 @@ enum Command {
     ReconnectStorm(ReconnectArgs),
     /// Fill a store, restart the server, time until it serves again.
     Recovery(RecoveryArgs),
+    /// S subscribers watch one turn whose agent streams N chunks: an ACP
+    /// agent process behind the bridge, then the scripted agent; every
+    /// delta to every subscriber once and in order, latency from the
+    /// agent's send, CPU per delivery, and the ratios.
+    AgentStream(AgentStreamArgs),
     /// Run the baseline broadcast server (what `fanout` compares against).
     Baseline {
         /// Address to listen on.
@@ -90,6 +96,7 @@ async fn run_scenario(cmd: &Command, opts: &ServerOpts) -> anyhow::Result<Scenar
         Command::Connections(a) => connections::run(a, opts).await,
         Command::ReconnectStorm(a) => reconnect::run(a, opts).await,
         Command::Recovery(a) => recovery::run(a, opts).await,
+        Command::AgentStream(a) => agent_stream::run(a, opts).await,
         Command::Baseline { .. } => unreachable!("handled before the runtime starts"),
     }
 }

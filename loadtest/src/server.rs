@@ -133,6 +133,35 @@ fn load_test_limits(opts: &ServerOpts) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
+/// `NAME=COMMAND ARG…` for `tandem serve --agent`, each word quoted for the
+/// server's shell-style split.
+fn agent_flag(agent: &tandem::config::AgentSpec) -> anyhow::Result<String> {
+    if !agent.env.is_empty() || agent.cwd.is_some() {
+        bail!(
+            "agent {}: --agent cannot carry env or cwd; use a config file",
+            agent.name
+        );
+    }
+    let words: Vec<String> = std::iter::once(&agent.command)
+        .chain(&agent.args)
+        .map(|w| shell_quote(w))
+        .collect();
+    Ok(format!("{}={}", agent.name, words.join(" ")))
+}
+
+/// `word` as one POSIX shell word.
+fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+:,=@%".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
 /// Remove this run's scratch directory (logs, default data directories).
 pub fn remove_scratch() {
     let _ = std::fs::remove_dir_all(scratch_dir());
@@ -289,6 +318,18 @@ impl Server {
         extra_args: &[String],
         port: Option<u16>,
     ) -> anyhow::Result<Self> {
+        Self::tandem_with_agents(opts, extra_args, port, &[]).await
+    }
+
+    /// [`Server::tandem_on`] that also declares ACP `agents`: `--agent
+    /// NAME=COMMAND ARG…` for a child, `Config::agents` in process. A server
+    /// at `--url` must declare them itself.
+    pub async fn tandem_with_agents(
+        opts: &ServerOpts,
+        extra_args: &[String],
+        port: Option<u16>,
+        agents: &[tandem::config::AgentSpec],
+    ) -> anyhow::Result<Self> {
         if let Some(url) = &opts.url {
             let port = url
                 .rsplit(':')
@@ -322,6 +363,7 @@ impl Server {
             config.limits.dispatch_bytes_burst = 1e12;
             config.limits.inbound_bytes_per_sec = 1e12;
             config.limits.requests_per_sec = 1e9;
+            config.agents = agents.to_vec();
             let task = tokio::spawn(tandem::run(listener, config, async {
                 let _ = rx.await;
             }));
@@ -353,6 +395,10 @@ impl Server {
             format!("127.0.0.1:{port}"),
         ];
         args.extend(extra_args.iter().cloned());
+        for agent in agents {
+            args.push("--agent".to_owned());
+            args.push(agent_flag(agent)?);
+        }
         let limits = load_test_limits(opts)?;
         let raised = !limits.is_empty();
         args.extend(limits);
@@ -455,5 +501,22 @@ impl Server {
             Inner::External => {}
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem::config::AgentSpec;
+
+    #[test]
+    fn agent_flags_survive_the_servers_split() {
+        let spec = AgentSpec::new(
+            "acp",
+            "/tmp/my agent's dir/acp_test_agent",
+            vec!["--load-session".into(), String::new()],
+        );
+        let flag = agent_flag(&spec).expect("no env, no cwd");
+        assert_eq!(AgentSpec::parse_flag(&flag), Ok(spec));
     }
 }

@@ -2,6 +2,7 @@
 //! in-process Tandem (and baseline): the whole pipeline — connect,
 //! publish, check, report — in a few seconds.
 
+use tandem_loadtest::scenarios::agent_stream::{self, AgentStreamArgs, Agents};
 use tandem_loadtest::scenarios::drafts::{self, DraftsArgs};
 use tandem_loadtest::scenarios::fanout::{self, Against, FanoutArgs};
 use tandem_loadtest::server::ServerOpts;
@@ -69,4 +70,71 @@ async fn drafts_subscribers_converge_to_the_snapshot() {
     assert_eq!(r.converged, Some(true), "notes: {:?}", r.notes);
     assert_eq!(r.lost, Some(0));
     assert_eq!(r.extra["edits_rejected"], 0);
+}
+
+/// The ACP test agent (`examples/acp_test_agent.rs` of the server crate),
+/// built in debug like the server's own e2e tests do: `ACP_TEST_AGENT_BIN`
+/// if set, else `cargo build --example acp_test_agent` (a no-op when fresh).
+fn acp_test_agent() -> std::path::PathBuf {
+    if let Some(bin) = std::env::var_os("ACP_TEST_AGENT_BIN") {
+        return bin.into();
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut cargo = std::process::Command::new(env!("CARGO"));
+    cargo.args(["build", "--example", "acp_test_agent", "--manifest-path"]);
+    cargo.arg(root.join("Cargo.toml"));
+    // Cargo's variables for this package would make some build scripts
+    // rerun for the agent's build (and again in the next `cargo test`).
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&name.as_ref())
+        {
+            cargo.env_remove(name.as_ref());
+        }
+    }
+    let status = cargo
+        .status()
+        .expect("run cargo build --example acp_test_agent");
+    assert!(status.success(), "building the ACP test agent: {status}");
+    // This test runs from target/debug/deps.
+    let exe = std::env::current_exe().expect("the test's own path");
+    let debug = exe.parent().and_then(|d| d.parent()).expect("target/debug");
+    debug.join("examples").join("acp_test_agent")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_stream_delivers_both_agents_chunks_to_every_subscriber() {
+    tandem_loadtest::progress::set_quiet(true);
+    let args = AgentStreamArgs {
+        subscribers: 4,
+        chunks: 40,
+        interval_ms: 5,
+        agents: Agents::Both,
+        agent_bin: Some(acp_test_agent()),
+        acp_provider: "loadtest-acp".into(),
+        drain: 10.0,
+        connect_concurrency: 4,
+    };
+    let r = agent_stream::run(&args, &in_process())
+        .await
+        .expect("agent-stream runs");
+    assert!(!r.failed, "notes: {:?}", r.notes);
+    assert_eq!(
+        (r.lost, r.duplicated, r.reordered),
+        (Some(0), Some(0), Some(0))
+    );
+    for k in ["acp", "scripted"] {
+        assert_eq!(r.extra[&format!("{k}_deliveries")], 4 * 40, "{k}");
+        assert_eq!(r.extra[&format!("{k}_snapshot_matches")], true, "{k}");
+    }
+    assert!(r.p99_ms.is_some() && r.extra.contains_key("acp_last_p99_ms"));
+    assert!(r.extra.contains_key("ratio_spread_p99_acp_to_scripted"));
 }

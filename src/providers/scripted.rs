@@ -25,6 +25,9 @@ use crate::time::millis_since;
 /// Provider id of the built-in agent.
 pub const PROVIDER_ID: &str = "scripted";
 
+/// How many deltas `/slow` streams when the message does not say.
+const SLOW_DEFAULT_CHUNKS: usize = 20;
+
 /// The built-in agent. Stateless: every turn runs as its own task.
 pub struct ScriptedAgent;
 
@@ -87,10 +90,10 @@ async fn run(h: ChatHandle, text: String) -> Result<(), Rejection> {
         }
         "/demo" => demo(&h).await,
         "/slow" => {
-            let (ms, body) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
-            match ms.parse::<u64>() {
-                Ok(ms) => slow(&h, ms, body).await,
-                Err(_) => finish(&h, "error: usage: /slow <ms> <text>").await,
+            let (spec, body) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+            match parse_slow(spec) {
+                Some((ms, chunks)) => slow(&h, ms, chunks, body).await,
+                None => finish(&h, "error: usage: /slow <ms>[x<chunks>] <text>").await,
             }
         }
         _ => finish(&h, &format!("echo: {text}")).await,
@@ -248,15 +251,31 @@ async fn demo(h: &ChatHandle) -> Result<(), Rejection> {
     .await
 }
 
-async fn slow(h: &ChatHandle, ms: u64, text: &str) -> Result<(), Rejection> {
+/// `/slow`'s first word: `<ms>` or `<ms>x<chunks>`.
+fn parse_slow(spec: &str) -> Option<(u64, Option<usize>)> {
+    match spec.split_once('x') {
+        Some((ms, chunks)) => Some((ms.parse().ok()?, Some(chunks.parse().ok()?))),
+        None => Some((spec.parse().ok()?, None)),
+    }
+}
+
+/// Streams `text` in `chunks` deltas (default: up to [`SLOW_DEFAULT_CHUNKS`]),
+/// at most one per character, spread evenly over `ms`. Chunk `i` is due
+/// `i × ms / chunks` after the start, whatever the previous emits took, so
+/// a long stream (the load generator's `agent-stream` asks for thousands)
+/// keeps its rate instead of drifting by the timer's rounding at every step.
+async fn slow(h: &ChatHandle, ms: u64, chunks: Option<usize>, text: &str) -> Result<(), Rejection> {
     let part_id = uuid::Uuid::new_v4().to_string();
     h.emit(markdown(&h.turn_id, &part_id, "")).await?;
     let chars: Vec<char> = text.chars().collect();
-    let chunks = chars.len().clamp(1, 20);
+    let chunks = chunks
+        .unwrap_or(SLOW_DEFAULT_CHUNKS)
+        .clamp(1, chars.len().max(1));
     let size = chars.len().div_ceil(chunks).max(1);
-    let pause = Duration::from_millis(ms / chunks as u64);
-    for chunk in chars.chunks(size) {
-        tokio::time::sleep(pause).await;
+    let pause = Duration::from_millis(ms) / chunks as u32;
+    let start = tokio::time::Instant::now();
+    for (i, chunk) in chars.chunks(size).enumerate() {
+        tokio::time::sleep_until(start + pause * (i as u32 + 1)).await;
         h.emit(StateAction::ChatDelta(ChatDeltaAction {
             turn_id: h.turn_id.clone(),
             part_id: part_id.clone(),

@@ -1,5 +1,6 @@
 //! One module per scenario (each a subcommand).
 
+pub mod agent_stream;
 pub mod connections;
 pub mod drafts;
 pub mod durable;
