@@ -40,6 +40,9 @@ fn retry_store<A: ChannelActor>(ctx: &mut Context<A>) {
         }
         let core = act.parts().0;
         if core.unreadable.is_none() {
+            core.catch_up();
+        }
+        if core.unreadable.is_none() {
             core.journal_len = core.shared.journal.len(&core.uri);
             core.store_failed = None;
             tracing::info!(channel = %core.uri, "the store answers again; writes resume");
@@ -231,6 +234,10 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
                 let retry = matches!(e, JournalError::Unavailable(_));
                 act.parts().0.commit_failed(e, &batch);
                 act.roll_back();
+                let core = act.parts().0;
+                if core.unreadable.is_none() {
+                    core.catch_up();
+                }
                 if retry {
                     retry_store(ctx);
                 }

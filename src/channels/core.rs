@@ -62,6 +62,9 @@ pub struct ChannelCore {
     /// from the store either: the actor's state may hold what the store does
     /// not, so it is no longer served to new subscribers.
     pub unreadable: Option<String>,
+    /// Where the journal ended, as subscribers know it, when a write was
+    /// refused; cleared once the store was read again ([`Self::catch_up`]).
+    pub refused_at: Option<JournalPos>,
     /// Records journaled since the last snapshot.
     since_snapshot: u64,
     /// `serverSeq` values claimed for journaled actions not yet published.
@@ -79,6 +82,7 @@ impl ChannelCore {
             journal_len,
             store_failed: None,
             unreadable: None,
+            refused_at: None,
             since_snapshot: 0,
             claimed: 0,
         }
@@ -189,6 +193,50 @@ impl ChannelCore {
         seq
     }
 
+    /// The state was just read back from the store after a refused write.
+    /// A write can be refused and still be stored (its acknowledgement was
+    /// lost on the way, as when NATS goes away mid-append): the reloaded
+    /// state then holds actions no subscriber was sent. They are durable,
+    /// so they are published now, in the same actor turn as the reload, and
+    /// every client converges on what the store holds.
+    pub fn catch_up(&mut self) {
+        let Some(known) = self.refused_at.take() else {
+            return;
+        };
+        let stored = self.shared.journal.len(&self.uri);
+        self.journal_len = stored;
+        if stored <= known {
+            return;
+        }
+        let n = stored.get() - known.get();
+        let tail = match self.shared.journal.load_channel(&self.uri) {
+            Ok(Some(c)) => c.tail,
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::error!(channel = %self.uri, error = %e, "stored actions not readable for catch-up");
+                self.unreadable = Some(e.to_string());
+                self.refused_at = Some(known);
+                return;
+            }
+        };
+        if (tail.len() as u64) < n {
+            tracing::error!(channel = %self.uri, stored = %stored, known = %known, "stored actions beyond the snapshot are missing; channel not served");
+            self.unreadable = Some("the store holds actions its tail does not".into());
+            return;
+        }
+        if let Err(e) = self.shared.publisher.claim(n) {
+            tracing::error!(channel = %self.uri, error = %e, "no serverSeq for the stored actions; channel not served");
+            self.unreadable = Some(e.to_string());
+            return;
+        }
+        tracing::warn!(channel = %self.uri, actions = n, "a refused write was stored after all: published now");
+        for record in &tail[tail.len() - n as usize..] {
+            self.shared
+                .publisher
+                .publish(&self.uri, &self.hub, record, None, None);
+        }
+    }
+
     /// Why writes are refused now, if they are: a write the store refused
     /// earlier (until the channel is reloaded), or a store that says it
     /// cannot take any.
@@ -204,6 +252,8 @@ impl ChannelCore {
     /// store answering again).
     pub fn commit_failed(&mut self, err: JournalError, batch: &[Accepted]) {
         tracing::error!(channel = %self.uri, error = %err, "journal append failed; channel is now read-only");
+        let before = self.journal_len.get().saturating_sub(batch.len() as u64);
+        self.refused_at.get_or_insert(JournalPos::new(before));
         let reason = format!("not stored: {err}");
         for a in batch {
             if let Some((o, c)) = &a.origin {

@@ -201,6 +201,8 @@ struct FailingJournal {
     inner: MemoryJournal,
     fail: AtomicBool,
     fail_reserve: AtomicBool,
+    /// Store the batch, then report a failure (its acknowledgement lost).
+    lose_ack: AtomicBool,
 }
 
 impl Journal for FailingJournal {
@@ -210,6 +212,15 @@ impl Journal for FailingJournal {
             return Box::pin(std::future::ready(Err(JournalError::Unavailable(
                 "disk full".into(),
             ))));
+        }
+        if self.lose_ack.swap(false, Ordering::SeqCst) {
+            let stored = self.inner.append(channel, expected, batch);
+            return Box::pin(async move {
+                stored.await?;
+                Err(JournalError::Unavailable(
+                    "the acknowledgement was lost".into(),
+                ))
+            });
         }
         self.inner.append(channel, expected, batch)
     }
@@ -304,5 +315,77 @@ async fn a_store_that_stops_writing_refuses_new_actions_and_keeps_serving_reads(
         now.draft, before.draft,
         "an action the store refused is not visible"
     );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_refused_but_stored_reaches_every_client_and_writes_resume() {
+    let journal = Arc::new(FailingJournal::default());
+    let server = TestServer::start_with_journal(tandem::Config::default(), journal.clone()).await;
+    let mut a = server.client("a").await;
+    let mut b = server.client("b").await;
+    let (_s, chat) = a.create_session().await;
+    let mut ma = a.subscribe_chat(&chat).await;
+    let mut mb = b.subscribe_chat(&chat).await;
+
+    // The store keeps the draft but its answer is lost: the sender is told
+    // it was refused, yet the store holds it, so it is published to all.
+    journal.lose_ack.store(true, Ordering::SeqCst);
+    let ghost = a.dispatch(&chat, draft("stored after all")).await;
+    let echo = a.wait_echo(Some(&mut ma), ghost).await;
+    assert!(
+        echo.rejection_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("acknowledgement was lost")),
+        "{:?}",
+        echo.rejection_reason
+    );
+    let text = |m: &ChatMirror| m.state.draft.as_ref().map(|d| d.text.clone());
+    a.wait_state(&mut ma, |s| {
+        s.draft
+            .as_ref()
+            .is_some_and(|d| d.text == "stored after all")
+    })
+    .await;
+    b.wait_state(&mut mb, |s| {
+        s.draft
+            .as_ref()
+            .is_some_and(|d| d.text == "stored after all")
+    })
+    .await;
+    // (The reload replays the action, so only `modifiedAt` may differ.)
+    let fresh = crate::common::fresh_chat(&server, &chat).await;
+    assert_eq!(fresh.draft, ma.state.draft);
+    assert_eq!(fresh.draft, mb.state.draft);
+    assert_eq!(fresh.turns, ma.state.turns);
+    assert!(
+        journal
+            .inner
+            .records(&chat)
+            .iter()
+            .any(|r| r.contains("stored after all")),
+        "the store holds it"
+    );
+
+    // The channel takes writes again once it has read the store back.
+    let mut accepted = false;
+    for _ in 0..40 {
+        let seq = b.dispatch(&chat, draft("later")).await;
+        if b.wait_echo(Some(&mut mb), seq)
+            .await
+            .rejection_reason
+            .is_none()
+        {
+            accepted = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert!(accepted, "writes resume");
+    a.wait_state(&mut ma, |s| {
+        s.draft.as_ref().is_some_and(|d| d.text == "later")
+    })
+    .await;
+    assert_eq!(text(&ma), Some("later".to_owned()));
     server.stop().await;
 }
