@@ -186,14 +186,38 @@ struct ServeArgs {
     /// Let agent NAME read and write the files under DIR.
     #[arg(long = "agent-files-rw", value_name = "NAME=DIR")]
     agent_files_rw: Vec<String>,
-    /// A TOML config file; today it declares ACP agents as `[[agents]]`
-    /// tables (`name`, `display_name`, `command`, `args`, `env`, `cwd`,
-    /// `start_timeout_secs`, `idle_timeout_secs`, `files`, `files_write`).
+    /// A TOML config file: ACP agents as `[[agents]]` tables (`name`,
+    /// `display_name`, `command`, `args`, `env`, `cwd`, `start_timeout_secs`,
+    /// `idle_timeout_secs`, `files`, `files_write`) and a `[cluster]` table
+    /// (`urls`, `node_id`, `lease_secs`).
     #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
 }
 
 impl ServeArgs {
+    /// The cluster to join: `--cluster` (with `--node-id`, `--lease-secs`),
+    /// else the config file's `[cluster]` table (`--node-id` still wins).
+    fn cluster(&self) -> anyhow::Result<Option<tandem::store::ClusterConfig>> {
+        use tandem::config::agents::ConfigFile;
+        if let Some(urls) = &self.cluster {
+            let mut c =
+                tandem::store::ClusterConfig::parse(urls, self.node_id.as_deref().unwrap_or(""))
+                    .map_err(anyhow::Error::msg)?;
+            c.lease = std::time::Duration::from_secs_f64(self.lease_secs.max(1.0));
+            return Ok(Some(c));
+        }
+        let Some(path) = &self.config else {
+            return Ok(None);
+        };
+        match ConfigFile::load(path).map_err(anyhow::Error::msg)?.cluster {
+            Some(t) => Ok(Some(
+                t.config(self.node_id.as_deref())
+                    .map_err(anyhow::Error::msg)?,
+            )),
+            None => Ok(None),
+        }
+    }
+
     /// The declared agents: the config file's, then the flags'.
     fn agents(&self) -> anyhow::Result<Vec<tandem::config::AgentSpec>> {
         use tandem::config::agents::{merge, ConfigFile};
@@ -243,6 +267,7 @@ fn serve() -> anyhow::Result<()> {
         None => cli.serve,
     };
     let secret = args.secret.secret()?;
+    let cluster = args.cluster()?;
     let config = Config {
         limits: tandem::Limits {
             max_connections: args.max_connections,
@@ -268,7 +293,7 @@ fn serve() -> anyhow::Result<()> {
         },
         auth_secret: secret,
         allowed_origins: args.allowed_origins.clone(),
-        data_dir: (!args.in_memory && args.cluster.is_none()).then(|| args.data_dir.clone()),
+        data_dir: (!args.in_memory && cluster.is_none()).then(|| args.data_dir.clone()),
         durability: args.durability,
         replay_ring_len: args.replay_ring_len,
         replay_ring_bytes: args.replay_ring_bytes,
@@ -277,17 +302,7 @@ fn serve() -> anyhow::Result<()> {
         write_pacing: std::time::Duration::from_secs_f64(args.write_pacing_ms.max(0.0) / 1000.0),
         max_frame_bytes: args.max_frame_bytes,
         agents: args.agents()?,
-        cluster: match &args.cluster {
-            Some(urls) => Some(
-                tandem::store::ClusterConfig::parse(urls, args.node_id.as_deref().unwrap_or(""))
-                    .map(|mut c| {
-                        c.lease = std::time::Duration::from_secs_f64(args.lease_secs.max(1.0));
-                        c
-                    })
-                    .map_err(anyhow::Error::msg)?,
-            ),
-            None => None,
-        },
+        cluster,
         ..Config::default()
     };
     // The same checks `run` makes, before a store is opened or a port bound.

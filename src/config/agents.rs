@@ -171,6 +171,37 @@ pub struct ConfigFile {
     /// `[[agents]]` tables.
     #[serde(default)]
     pub agents: Vec<AgentSpec>,
+    /// `[cluster]`: the same as `--cluster`, `--node-id`, `--lease-secs`.
+    #[serde(default)]
+    pub cluster: Option<ClusterTable>,
+}
+
+/// The `[cluster]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterTable {
+    /// NATS server URLs.
+    pub urls: Vec<String>,
+    /// This node's name.
+    pub node_id: String,
+    /// Seconds a channel lease lasts unrenewed.
+    #[serde(default)]
+    pub lease_secs: Option<f64>,
+}
+
+impl ClusterTable {
+    /// The cluster this table declares, with `node_id` given on the command
+    /// line winning over the file's.
+    pub fn config(&self, node_id: Option<&str>) -> Result<crate::store::ClusterConfig, String> {
+        let mut c = crate::store::ClusterConfig::parse(
+            &self.urls.join(","),
+            node_id.unwrap_or(&self.node_id),
+        )?;
+        if let Some(s) = self.lease_secs {
+            c.lease = Duration::from_secs_f64(s.max(1.0));
+        }
+        Ok(c)
+    }
 }
 
 impl ConfigFile {
@@ -186,6 +217,9 @@ impl ConfigFile {
         let file: Self = toml::from_str(text).map_err(|e| e.to_string())?;
         for a in &file.agents {
             a.check()?;
+        }
+        if let Some(c) = &file.cluster {
+            c.config(None)?;
         }
         Ok(file)
     }
@@ -299,6 +333,37 @@ mod tests {
             ConfigFile::parse("[[agents]]\nname = \"a\"\ncommand = \"b\"\nfiles_write = true\n")
                 .expect_err("write without a directory");
         assert!(e.contains("needs `files`"), "{e}");
+    }
+
+    #[test]
+    fn the_cluster_table_says_what_the_flags_say() {
+        let f = ConfigFile::parse(
+            "[cluster]\nurls = [\"nats://10.0.0.1:4222\", \"nats://10.0.0.2:4222\"]\nnode_id = \"n1\"\nlease_secs = 5\n",
+        )
+        .expect("parses");
+        let c = f.cluster.expect("cluster").config(None).expect("valid");
+        let flags =
+            crate::store::ClusterConfig::parse("nats://10.0.0.1:4222,nats://10.0.0.2:4222", "n1")
+                .map(|mut c| {
+                    c.lease = Duration::from_secs(5);
+                    c
+                })
+                .expect("flags");
+        assert_eq!(c, flags);
+        for (text, says) in [
+            (
+                "[cluster]\nurls = [\"http://x\"]\nnode_id = \"n\"\n",
+                "nats://",
+            ),
+            (
+                "[cluster]\nurls = [\"nats://x:1\"]\nnode_id = \"a b\"\n",
+                "node id",
+            ),
+            ("[cluster]\nurls = [\"nats://x:1\"]\nnode = \"n\"\n", "node"),
+        ] {
+            let e = ConfigFile::parse(text).expect_err(text);
+            assert!(e.contains(says), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -312,3 +312,29 @@ async fn the_jetstream_journal_keeps_what_the_sqlite_journal_keeps() {
     .await;
     assert_eq!(gone, ());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_config_files_cluster_table_starts_a_node_on_jetstream() {
+    let nats = NatsServer::start();
+    let dir = temp_dir("cluster");
+    let file = dir.join("tandem.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[cluster]\nurls = [\"{}\"]\nnode_id = \"from-file\"\nlease_secs = 3\n",
+            nats.url()
+        ),
+    )
+    .expect("config file");
+    let n = ServerProcess::spawn_with(
+        &dir.join("n.log"),
+        &["--config", file.to_str().expect("utf-8")],
+    );
+    let h: Value = eventually("the node answers", || async {
+        let h = healthz(n.addr).await;
+        h["cluster"].is_object().then_some(h)
+    })
+    .await;
+    assert_eq!(h["cluster"]["node"], "from-file", "{h}");
+    assert_eq!(h["cluster"]["nats"], "connected", "{h}");
+}
