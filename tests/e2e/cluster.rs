@@ -99,6 +99,9 @@ async fn a_live_owner_keeps_its_channels_and_a_paused_one_cannot_append_after_a_
     let mut ca = a.client("amy").await;
     let (session, _chat) = ca.create_session().await;
     assert_eq!(title(&mut ca, &session, "by a").await, None);
+    let seen_on_a = healthz(a.addr).await["serverSeq"]
+        .as_u64()
+        .expect("serverSeq");
 
     // While a renews its leases, b cannot take its channels.
     let mut b = node(&dir, &nats, "b");
@@ -112,6 +115,21 @@ async fn a_live_owner_keeps_its_channels_and_a_paused_one_cannot_append_after_a_
     tokio::time::sleep(Duration::from_secs(4)).await;
     let b = node(&dir, &nats, "b");
     assert_eq!(session_title(&b, &session).await, "by a");
+    // A client of a reconnects to b with what it saw there: b numbers above
+    // everything a handed out, so it answers with snapshots, not a replay.
+    let back = TestClient::raw_connect(&b.url()).await;
+    let res = back
+        .reconnect("amy".into(), seen_on_a as i64, vec![session.clone()])
+        .await
+        .expect("reconnect");
+    let ahp_types::commands::ReconnectResult::Snapshot(s) = res else {
+        panic!("expected snapshots, got {res:?}");
+    };
+    assert!(
+        s.snapshots[0].from_seq as u64 > seen_on_a,
+        "b numbers above a"
+    );
+    back.shutdown().await;
     let mut cb = b.client("bob").await;
     assert_eq!(title(&mut cb, &session, "by b").await, None);
 

@@ -12,7 +12,7 @@
 //! | `tandem_snapshots` | key-value bucket | each channel's latest snapshot and where its tail starts in the stream |
 //! | `tandem_turns` | key-value bucket | ended turns by `<chat>.<index>`, for `fetchTurns` |
 //! | `tandem_providers` | key-value bucket | provider id → the token subject that first registered it (create-only) |
-//! | `tandem_nodes` | key-value bucket | each node's `serverSeq` floor |
+//! | `tandem_nodes` | key-value bucket | the cluster's `serverSeq` floor (`seq`), raised with compare-and-set |
 //! | `tandem_leases` | key-value bucket, entries expire after the lease time | which node owns each channel ([`lease`]) |
 //!
 //! `<channel>` is the channel URI in lowercase hex, so any URI is a valid
@@ -68,8 +68,10 @@ pub const SNAPSHOTS: &str = "tandem_snapshots";
 pub const TURNS: &str = "tandem_turns";
 /// Provider owners.
 pub const PROVIDERS: &str = "tandem_providers";
-/// Per-node `serverSeq` floors.
+/// Cluster-wide figures: the `serverSeq` floor.
 pub const NODES: &str = "tandem_nodes";
+/// Key of the cluster's `serverSeq` floor in [`NODES`].
+const SEQ_KEY: &str = "seq";
 
 /// Header: the journal position of a batch message's first action.
 const POS_HEADER: &str = "Tandem-Pos";
@@ -1071,24 +1073,50 @@ impl Journal for JetStreamJournal {
     fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
         let inner = self.inner.clone();
         self.block(async move {
-            let key = format!("{}.seq", inner.node);
-            let current = inner
-                .nats
-                .nodes
-                .get(key.clone())
-                .await
-                .map_err(|e| unavailable("read the seq floor", e))?
-                .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok())
-                .unwrap_or(0);
-            if upto.get() > current {
-                inner
+            // One floor for the whole cluster, raised with compare-and-set:
+            // a node that takes over numbers above everything handed out
+            // before, so a client's `lastSeenServerSeq` from another node
+            // is never mistaken for one of this node's (it gets snapshots).
+            for _ in 0..16 {
+                let entry = inner
                     .nats
                     .nodes
-                    .put(key, Bytes::from(upto.get().to_string()))
+                    .entry(SEQ_KEY)
                     .await
-                    .map_err(|e| unavailable("store the seq floor", e))?;
+                    .map_err(|e| unavailable("read the seq floor", e))?;
+                let current = entry
+                    .as_ref()
+                    .filter(|e| e.operation == kv::Operation::Put)
+                    .and_then(|e| std::str::from_utf8(&e.value).ok()?.parse::<u64>().ok())
+                    .unwrap_or(0);
+                if upto.get() <= current {
+                    return Ok(());
+                }
+                let value = Bytes::from(upto.get().to_string());
+                let stored = match &entry {
+                    Some(e) => inner
+                        .nats
+                        .nodes
+                        .update(SEQ_KEY, value, e.revision)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    None => inner
+                        .nats
+                        .nodes
+                        .create(SEQ_KEY, value)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                };
+                if stored.is_ok() {
+                    return Ok(());
+                }
             }
-            Ok(())
+            Err(unavailable(
+                "store the seq floor",
+                "too many concurrent raises",
+            ))
         })
     }
 
@@ -1096,12 +1124,11 @@ impl Journal for JetStreamJournal {
         let inner = self.inner.clone();
         let (mut recovered, chans) = self.block(async move { inner.nats.recover().await })?;
         let inner = self.inner.clone();
-        let node = self.inner.node.clone();
         recovered.seq_floor = self.block(async move {
             Ok(inner
                 .nats
                 .nodes
-                .get(format!("{node}.seq"))
+                .get(SEQ_KEY)
                 .await
                 .map_err(|e| unavailable("read the seq floor", e))?
                 .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u64>().ok())
