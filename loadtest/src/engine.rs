@@ -783,6 +783,9 @@ pub struct Outcome {
     pub window_seconds: f64,
     /// Server CPU seconds used during the measured window, when known.
     pub server_cpu_seconds: Option<f64>,
+    /// CPU seconds of the store process the load generator started
+    /// (nats-server for `jetstream`) during the measured window.
+    pub store_cpu_seconds: Option<f64>,
     /// This process's CPU seconds during the measured window.
     pub loadgen_cpu_seconds: Option<f64>,
     /// Busy CPU seconds of the whole machine during the measured window.
@@ -794,7 +797,9 @@ impl Outcome {
     /// the window (other processes on the machine skew the figures).
     pub fn background_cores(&self) -> Option<f64> {
         let m = self.machine_cpu_seconds?;
-        let own = self.loadgen_cpu_seconds.unwrap_or(0.0) + self.server_cpu_seconds.unwrap_or(0.0);
+        let own = self.loadgen_cpu_seconds.unwrap_or(0.0)
+            + self.server_cpu_seconds.unwrap_or(0.0)
+            + self.store_cpu_seconds.unwrap_or(0.0);
         Some(((m - own) / self.window_seconds).max(0.0))
     }
 }
@@ -872,11 +877,13 @@ pub async fn publish_and_collect(
     let sampler = {
         let run = run.clone();
         let pid = timing.server_pid;
+        let store_pid = crate::nats::store_pid();
         tokio::spawn(async move {
             sleep_until_ns(warm_ns).await;
             let d0 = run.deliveries.load();
             let a0 = run.accepted();
             let c0 = pid.and_then(crate::sys::cpu_seconds);
+            let s0 = store_pid.and_then(crate::sys::cpu_seconds);
             let l0 = crate::sys::cpu_seconds(std::process::id());
             let m0 = crate::sys::machine_busy_seconds();
             let t0 = now_ns();
@@ -884,6 +891,7 @@ pub async fn publish_and_collect(
             let d1 = run.deliveries.load();
             let a1 = run.accepted();
             let c1 = pid.and_then(crate::sys::cpu_seconds);
+            let s1 = store_pid.and_then(crate::sys::cpu_seconds);
             let l1 = crate::sys::cpu_seconds(std::process::id());
             let m1 = crate::sys::machine_busy_seconds();
             let secs = (now_ns() - t0) as f64 / 1e9;
@@ -894,6 +902,7 @@ pub async fn publish_and_collect(
                 c0.zip(c1).map(|(a, b)| b - a),
                 l0.zip(l1).map(|(a, b)| b - a),
                 m0.zip(m1).map(|(a, b)| b - a),
+                s0.zip(s1).map(|(a, b)| b - a),
             )
         })
     };
@@ -935,7 +944,7 @@ pub async fn publish_and_collect(
     // Publishers' send loops end by themselves (count or time); their echo
     // readers run until the stop below. Wait for the sending to end.
     sleep_until_ns(end_ns).await;
-    let (dps, aps, window_seconds, cpu, lcpu, mcpu) = sampler.await.context("sampler")?;
+    let (dps, aps, window_seconds, cpu, lcpu, mcpu, scpu) = sampler.await.context("sampler")?;
     ticker.abort();
     pb.finish_and_clear();
     let drain_pb = crate::progress::timed(timing.drain, "draining");
@@ -996,6 +1005,7 @@ pub async fn publish_and_collect(
         receivers,
         window_seconds,
         server_cpu_seconds: cpu,
+        store_cpu_seconds: scpu,
         loadgen_cpu_seconds: lcpu,
         machine_cpu_seconds: mcpu,
     })

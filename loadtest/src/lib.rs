@@ -11,6 +11,7 @@
 //! | [`stats`] | HDR latency histograms; loss / duplicate / order checker |
 //! | [`report`] | result JSON, terminal table, latency SVG |
 //! | [`server`] | the server under test: spawned child, in-process, or `--url` |
+//! | [`nats`] | the `nats-server -js` started for the `jetstream` store |
 //! | [`baseline`] | minimal tokio + tungstenite broadcast server (the fan-out yardstick) |
 //! | [`scenarios`] | `fanout`, `drafts`, `durable`, `connections`, `reconnect-storm`, `recovery`, `agent-stream` |
 //! | [`clock`], [`sys`], [`progress`] | process clock, rlimit and /proc readings, progress bars |
@@ -19,6 +20,7 @@ pub mod baseline;
 pub mod clock;
 pub mod conn;
 pub mod engine;
+pub mod nats;
 pub mod progress;
 pub mod proto;
 pub mod report;

@@ -46,9 +46,10 @@ pub struct ServerOpts {
     #[arg(long, global = true)]
     pub baseline_url: Option<String>,
     /// Store of the spawned server in `fanout`, `drafts`, `connections` and
-    /// `reconnect-storm`: `memory` (`--in-memory`), or `full` / `relaxed`
-    /// (SQLite in a scratch `--data-dir`). `durable` and `recovery` use their
-    /// own `--durability`.
+    /// `reconnect-storm`: `memory` (`--in-memory`), `full` / `relaxed`
+    /// (SQLite in a scratch `--data-dir`), or `jetstream` (a `nats-server -js`
+    /// started here, the server on `--cluster`). `durable` and `recovery` use
+    /// their own `--durability`, which takes the same `jetstream`.
     #[arg(long, global = true, default_value = "memory")]
     pub store: String,
     /// Spread client sockets over this many loopback source addresses

@@ -269,6 +269,9 @@ async fn run_on(
     if let Some(c) = o.server_cpu_seconds {
         r.put("server_cpu_cores", c / o.window_seconds);
     }
+    if let Some(c) = o.store_cpu_seconds {
+        r.put("store_cpu_cores", c / o.window_seconds);
+    }
     if undecodable > 0 {
         r.note(format!(
             "{undecodable} envelopes did not decode as StateAction"

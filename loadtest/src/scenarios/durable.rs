@@ -178,8 +178,20 @@ async fn run_on(
             ));
         }
     }
+    // CPU per accepted action: the server's, and the store process's
+    // (nats-server for `jetstream`) apart, since it is part of the store's
+    // cost.
+    let per_action = |c: f64| c * 1e6 / (o.actions_per_sec * o.window_seconds).max(1.0);
     if let Some(c) = o.server_cpu_seconds {
         r.put("server_cpu_cores", c / o.window_seconds);
+        r.put("server_cpu_us_per_action", per_action(c));
+    }
+    if let Some(s) = o.store_cpu_seconds {
+        r.put("store_cpu_cores", s / o.window_seconds);
+        r.put("store_cpu_us_per_action", per_action(s));
+        if let Some(c) = o.server_cpu_seconds {
+            r.put("server_plus_store_cpu_us_per_action", per_action(c + s));
+        }
     }
     r.curve("publish → own echo", &o.echo);
     r.note("p50_ms … max_ms are publish → the publisher's own echo (durable before visible)");

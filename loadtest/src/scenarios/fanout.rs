@@ -386,6 +386,9 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
             if let Some(c) = o.loadgen_cpu_seconds {
                 r.put("max_phase_loadgen_cpu_cores", c / o.window_seconds);
             }
+            if let Some(c) = o.store_cpu_seconds {
+                r.put("max_phase_store_cpu_cores", c / o.window_seconds);
+            }
         }
         if let Some(o) = &f.lat {
             let all = Summary::of(&o.all);
@@ -397,6 +400,9 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
             r.put("latency_phase_publisher_max_behind_ms", o.max_behind_ms);
             if let Some(c) = cores(o) {
                 r.put("latency_phase_server_cpu_cores", c);
+            }
+            if let Some(c) = o.store_cpu_seconds {
+                r.put("latency_phase_store_cpu_cores", c / o.window_seconds);
             }
             r.curve("tandem → every receiver", &o.all);
             r.curve("tandem → last receiver", &o.last);
@@ -440,6 +446,20 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
     let (tu, bu) = (us_per(&main), us_per(&base));
     if let Some(t) = tu {
         r.put("server_cpu_us_per_delivery", t);
+    }
+    // nats-server's CPU (the `jetstream` store), apart from the server's.
+    let store_us = main
+        .as_ref()
+        .and_then(|f| f.max.as_ref().or(f.lat.as_ref()))
+        .and_then(|o| {
+            o.store_cpu_seconds
+                .map(|c| c * 1e6 / (o.deliveries_per_sec * o.window_seconds).max(1.0))
+        });
+    if let Some(s) = store_us {
+        r.put("store_cpu_us_per_delivery", s);
+        if let Some(t) = tu {
+            r.put("server_plus_store_cpu_us_per_delivery", t + s);
+        }
     }
     if let Some(b) = bu {
         r.put("baseline_server_cpu_us_per_delivery", b);

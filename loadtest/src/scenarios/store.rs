@@ -6,11 +6,19 @@
 //! (default memory, to measure fan-out apart from the journal). A binary
 //! without the store flags is refused rather than reported as durable; a
 //! spawned server never falls back to its default `./tandem-data`.
+//!
+//! `jetstream` (as `--durability` or `--store`) keeps the journal in NATS
+//! JetStream instead: the load generator starts its own `nats-server -js`
+//! (see [`crate::nats`]) and the server runs `--cluster nats://127.0.0.1:PORT
+//! --node-id loadtest`. nats-server is stopped when the plan is cleaned up or
+//! dropped, and its CPU time is reported apart from the server's.
 
 use std::path::PathBuf;
 
 use clap::Args;
+use parking_lot::Mutex;
 
+use crate::nats::NatsServer;
 use crate::progress::note;
 use crate::report::ScenarioResult;
 use crate::server::{tandem_supports, Server, ServerOpts, StopHow};
@@ -19,7 +27,8 @@ use crate::server::{tandem_supports, Server, ServerOpts, StopHow};
 #[derive(Args, Debug, Clone)]
 pub struct StoreArgs {
     /// Durability level passed to the server (`--durability full|relaxed`);
-    /// `none` runs the server `--in-memory`.
+    /// `none` runs the server `--in-memory`; `jetstream` starts a
+    /// `nats-server -js` and runs the server on it (`--cluster`).
     #[arg(long, default_value = "full")]
     pub durability: String,
     /// Store directory passed to the server (`--data-dir <dir>`) [default: a
@@ -41,11 +50,18 @@ pub struct StorePlan {
     pub cleanup: Option<PathBuf>,
     /// Whether a store is in use (state should survive a restart).
     pub persistent: bool,
+    /// The nats-server started for `jetstream` (stopped by [`Self::cleanup`]
+    /// or on drop).
+    pub nats: Mutex<Option<NatsServer>>,
 }
 
 impl StorePlan {
-    /// Remove the scratch data directory (unless kept).
+    /// Stop the nats-server (if any), then remove the scratch data directory
+    /// (unless kept).
     pub fn cleanup(&self) {
+        if let Some(mut n) = self.nats.lock().take() {
+            n.stop();
+        }
         if let Some(d) = &self.cleanup {
             let _ = std::fs::remove_dir_all(d);
         }
@@ -109,6 +125,7 @@ pub fn plan(store: &StoreArgs, opts: &ServerOpts, scenario: &str) -> anyhow::Res
             label: "in-memory journal (nothing is durable)".into(),
             cleanup: None,
             persistent: false,
+            nats: Mutex::new(None),
         });
     }
     if opts.url.is_some() {
@@ -117,7 +134,11 @@ pub fn plan(store: &StoreArgs, opts: &ServerOpts, scenario: &str) -> anyhow::Res
             label: "as configured on the server at --url".into(),
             cleanup: None,
             persistent: true,
+            nats: Mutex::new(None),
         });
+    }
+    if store.durability == "jetstream" {
+        return plan_jetstream(store, opts, scenario);
     }
     let has_durability = tandem_supports(opts, "--durability")?;
     let has_data_dir = tandem_supports(opts, "--data-dir")?;
@@ -164,6 +185,56 @@ pub fn plan(store: &StoreArgs, opts: &ServerOpts, scenario: &str) -> anyhow::Res
         ),
         cleanup,
         persistent: true,
+        nats: Mutex::new(None),
+    })
+}
+
+/// `jetstream`: start a `nats-server -js` whose store is `--data-dir` or a
+/// scratch directory, and point the server at it.
+fn plan_jetstream(
+    store: &StoreArgs,
+    opts: &ServerOpts,
+    scenario: &str,
+) -> anyhow::Result<StorePlan> {
+    if !tandem_supports(opts, "--cluster")? {
+        anyhow::bail!(
+            "this tandem binary has no --cluster flag: rebuild it (`cargo build --release \
+             --workspace`) to run `{scenario}` on JetStream"
+        );
+    }
+    let (dir, cleanup) = match &store.data_dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let d = crate::server::scratch_dir().join(format!("nats-{scenario}"));
+            let cleanup = (!store.keep_data).then(|| d.clone());
+            (d, cleanup)
+        }
+    };
+    let nats = NatsServer::start(&dir)?;
+    note(format!(
+        "nats-server (pid {}) at {}, JetStream store in {}, log {}",
+        nats.pid().unwrap_or(0),
+        nats.url(),
+        dir.display(),
+        nats.log.display()
+    ));
+    let tmpfs = on_tmpfs(&dir);
+    Ok(StorePlan {
+        args: vec![
+            "--cluster".into(),
+            nats.url(),
+            "--node-id".into(),
+            "loadtest".into(),
+        ],
+        label: format!(
+            "store: NATS JetStream (nats-server -js at {}, store {}){}",
+            nats.url(),
+            dir.display(),
+            if tmpfs { " (tmpfs)" } else { "" }
+        ),
+        cleanup,
+        persistent: true,
+        nats: Mutex::new(Some(nats)),
     })
 }
 
