@@ -1,0 +1,347 @@
+//! The connection's handles and the reads of the journal: opening the
+//! stream and buckets, reading a channel's messages back, recovery.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use super::wire::{BatchMsg, ChannelMsg, OwnerMsg, SnapshotMsg};
+use super::{
+    lease, subject, token, unavailable, Chan, CHANNELS, NODES, POS_HEADER, PROVIDERS, SNAPSHOTS,
+    STREAM, SUBJECT_PREFIX, TURNS,
+};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
+use crate::store::{
+    ChannelInfo, ChannelKind, JournalError, Record, Recovered, RecoveredChannel, SnapshotRecord,
+    TurnRecord,
+};
+
+/// The connection and its handles, on the journal's own runtime.
+pub(super) struct Nats {
+    pub(super) js: jetstream::Context,
+    pub(super) stream: stream::Stream,
+    pub(super) channels: kv::Store,
+    pub(super) snapshots: kv::Store,
+    pub(super) turns: kv::Store,
+    pub(super) providers: kv::Store,
+    pub(super) nodes: kv::Store,
+    pub(super) leases: kv::Store,
+}
+
+/// One channel as read from the stream.
+pub(super) struct ChannelRead {
+    pub(super) tail: Vec<Record>,
+    pub(super) len: u64,
+    pub(super) last_seq: u64,
+    pub(super) turn_count: u64,
+    /// Turns in the tail (written again: their bucket write may not have
+    /// happened).
+    pub(super) turns: Vec<TurnRecord>,
+    pub(super) truncations: Vec<u64>,
+}
+
+impl Nats {
+    pub(super) async fn open(urls: &[String], lease: Duration) -> Result<Self, JournalError> {
+        let addrs: Vec<async_nats::ServerAddr> = urls
+            .iter()
+            .map(|u| u.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e| unavailable("bad URL", e))?;
+        let client = async_nats::ConnectOptions::new()
+            .name("tandem")
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(5))
+            .connect(addrs)
+            .await
+            .map_err(|e| unavailable("connect", e))?;
+        // A first connection that cannot be made fails the start instead of
+        // retrying for ever.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while client.connection_state() != async_nats::connection::State::Connected {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .map_err(|_| {
+            unavailable(
+                "connect",
+                format!("no NATS server answered at {} within 10 s", urls.join(", ")),
+            )
+        })?;
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_secs(5))
+            .build(client);
+        let stream = js
+            .get_or_create_stream(stream::Config {
+                name: STREAM.into(),
+                subjects: vec![format!("{SUBJECT_PREFIX}.>")],
+                storage: stream::StorageType::File,
+                allow_direct: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable("create the journal stream (is JetStream enabled?)", e))?;
+        let bucket = |name: &'static str, max_age: Duration| {
+            let js = js.clone();
+            async move {
+                // The bucket's stream, made as the key-value API makes it
+                // (without asking for account details, which servers
+                // before 2.10 answer in a form the client does not read).
+                js.get_or_create_stream(stream::Config {
+                    name: format!("KV_{name}"),
+                    subjects: vec![format!("$KV.{name}.>")],
+                    max_messages_per_subject: 1,
+                    max_age,
+                    storage: stream::StorageType::File,
+                    allow_rollup: true,
+                    deny_delete: true,
+                    allow_direct: true,
+                    discard: stream::DiscardPolicy::New,
+                    num_replicas: 1,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| unavailable(&format!("create bucket {name}"), e))?;
+                js.get_key_value(name)
+                    .await
+                    .map_err(|e| unavailable(&format!("open bucket {name}"), e))
+            }
+        };
+        Ok(Self {
+            channels: bucket(CHANNELS, Duration::ZERO).await?,
+            snapshots: bucket(SNAPSHOTS, Duration::ZERO).await?,
+            turns: bucket(TURNS, Duration::ZERO).await?,
+            providers: bucket(PROVIDERS, Duration::ZERO).await?,
+            nodes: bucket(NODES, Duration::ZERO).await?,
+            leases: bucket(lease::LEASES, lease).await?,
+            js,
+            stream,
+        })
+    }
+
+    /// Read `uri`'s messages from stream sequence `from` on, keeping the
+    /// actions from journal position `at` on.
+    pub(super) async fn read_channel(
+        &self,
+        uri: &ChannelUri,
+        from: u64,
+        at: u64,
+    ) -> Result<ChannelRead, JournalError> {
+        let subject = subject(uri);
+        let mut read = ChannelRead {
+            tail: Vec::new(),
+            len: at,
+            last_seq: 0,
+            turn_count: 0,
+            turns: Vec::new(),
+            truncations: Vec::new(),
+        };
+        let mut seq = from.max(1);
+        loop {
+            let got = self
+                .stream
+                .raw_message_builder()
+                .sequence(seq)
+                .next_by_subject(subject.clone())
+                .send()
+                .await;
+            let msg = match got {
+                Ok(m) => m,
+                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(unavailable("read the journal", e)),
+            };
+            seq = msg.sequence + 1;
+            read.last_seq = msg.sequence;
+            let Some(pos) = msg
+                .headers
+                .get(POS_HEADER)
+                .and_then(|v| v.as_str().parse::<u64>().ok())
+            else {
+                continue; // a fence
+            };
+            let batch: BatchMsg = serde_json::from_slice(&msg.payload).map_err(|e| {
+                JournalError::Unavailable(format!(
+                    "{uri}: stored batch at stream sequence {} does not decode: {e}",
+                    msg.sequence
+                ))
+            })?;
+            for (i, r) in batch.records.iter().enumerate() {
+                if pos + i as u64 >= at {
+                    read.tail.push(Record::from(r.get()));
+                }
+            }
+            read.len = read.len.max(pos + batch.records.len() as u64);
+            if let Some(from) = batch.truncate_turns_from {
+                read.truncations.push(from);
+                read.turns.retain(|t| t.index < from);
+                read.turn_count = read.turn_count.min(from);
+            }
+            for t in batch.turns {
+                read.turn_count = read.turn_count.max(t.index + 1);
+                read.turns.push(TurnRecord {
+                    index: t.index,
+                    json: Arc::from(t.json.get()),
+                });
+            }
+        }
+        Ok(read)
+    }
+
+    /// The channel with its snapshot and tail; its turns in the bucket
+    /// brought up to date.
+    pub(super) async fn load(
+        &self,
+        info: ChannelInfo,
+    ) -> Result<(RecoveredChannel, u64), JournalError> {
+        let key = token(&info.uri);
+        let snap = self
+            .snapshots
+            .get(key.clone())
+            .await
+            .map_err(|e| unavailable("read a snapshot", e))?;
+        let (snapshot, from, turns_at_snapshot) = match &snap {
+            Some(bytes) => {
+                let s: SnapshotMsg = serde_json::from_slice(bytes).map_err(|e| {
+                    JournalError::Unavailable(format!(
+                        "{}: snapshot does not decode: {e}",
+                        info.uri
+                    ))
+                })?;
+                (
+                    Some(SnapshotRecord {
+                        at_seq: JournalPos::new(s.at_seq),
+                        state: Arc::from(s.state.get()),
+                    }),
+                    s.from_stream_seq,
+                    s.turn_count,
+                )
+            }
+            None => (None, 0, 0),
+        };
+        let at = snapshot.as_ref().map_or(0, |s| s.at_seq.get());
+        let read = self.read_channel(&info.uri, from, at).await?;
+        for from in &read.truncations {
+            self.delete_turns(&key, *from, turns_at_snapshot.max(read.turn_count))
+                .await;
+        }
+        for t in &read.turns {
+            self.put_turn(&key, t).await?;
+        }
+        let turn_count = if read.truncations.is_empty() {
+            turns_at_snapshot.max(read.turn_count)
+        } else {
+            read.turn_count
+        };
+        let channel = RecoveredChannel {
+            info,
+            snapshot,
+            tail: read.tail,
+            len: JournalPos::new(read.len),
+            turn_count,
+        };
+        Ok((channel, read.last_seq))
+    }
+
+    pub(super) async fn put_turn(&self, chat: &str, t: &TurnRecord) -> Result<(), JournalError> {
+        self.turns
+            .put(
+                format!("{chat}.{}", t.index),
+                Bytes::copy_from_slice(t.json.as_bytes()),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable("store a turn", e))
+    }
+
+    pub(super) async fn delete_turns(&self, chat: &str, from: u64, to: u64) {
+        for i in from..to {
+            let _ = self.turns.purge(format!("{chat}.{i}")).await;
+        }
+    }
+
+    pub(super) async fn recover(
+        &self,
+    ) -> Result<(Recovered, Vec<(ChannelUri, Chan)>), JournalError> {
+        // Channels in creation order.
+        let mut keys = self
+            .channels
+            .keys()
+            .await
+            .map_err(|e| unavailable("list channels", e))?;
+        let mut infos = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| unavailable("list channels", e))?;
+            let Some(entry) = self
+                .channels
+                .entry(key.clone())
+                .await
+                .map_err(|e| unavailable("read a channel", e))?
+            else {
+                continue;
+            };
+            if entry.operation != kv::Operation::Put {
+                continue;
+            }
+            let msg: ChannelMsg = serde_json::from_slice(&entry.value).map_err(|e| {
+                JournalError::Unavailable(format!("channel record {key} does not decode: {e}"))
+            })?;
+            let Some(info) = msg.info() else {
+                return Err(JournalError::Unavailable(format!(
+                    "channel record {key} has an unknown kind"
+                )));
+            };
+            infos.push((entry.revision, info));
+        }
+        // Sessions before chats (their records are written concurrently),
+        // each in creation order.
+        infos.sort_by_key(|(rev, info)| (info.kind != ChannelKind::Session, *rev));
+        let mut channels = Vec::with_capacity(infos.len());
+        let mut chans = Vec::with_capacity(infos.len());
+        for (_, info) in infos {
+            let uri = info.uri.clone();
+            let (c, last_seq) = self.load(info).await?;
+            chans.push((
+                uri,
+                Chan {
+                    len: c.len.get(),
+                    projected: c.len.get(),
+                    last_seq,
+                    turns: c.turn_count,
+                    ..Chan::default()
+                },
+            ));
+            channels.push(c);
+        }
+        let mut provider_owners = BTreeMap::new();
+        let mut keys = self
+            .providers
+            .keys()
+            .await
+            .map_err(|e| unavailable("list providers", e))?;
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| unavailable("list providers", e))?;
+            if let Some(v) = self
+                .providers
+                .get(key)
+                .await
+                .map_err(|e| unavailable("read a provider", e))?
+            {
+                if let Ok(o) = serde_json::from_slice::<OwnerMsg>(&v) {
+                    provider_owners.insert(o.provider, o.subject);
+                }
+            }
+        }
+        Ok((
+            Recovered {
+                channels,
+                seq_floor: ServerSeq::ZERO,
+                provider_owners,
+            },
+            chans,
+        ))
+    }
+}
