@@ -369,18 +369,33 @@ impl JetStreamJournal {
 
     /// Take `channel` over from whoever wrote it last: a fence message on
     /// its subject, after which an earlier owner's appends are refused. The
-    /// caller holds the channel's lease. The channel's state is read back
-    /// first (so this node appends after everything stored).
+    /// caller holds the channel's lease. The fence expects the channel's
+    /// last message to be the one this node read (at recovery, or now), so
+    /// a write it has not seen makes the fence, and the takeover, fail.
     pub async fn fence(&self, channel: &ChannelUri) -> Result<(), JournalError> {
         let inner = self.inner.clone();
         let uri = channel.clone();
         self.inner
             .rt
             .spawn(async move {
-                let read = inner.nats.read_channel(&uri, 0, 0).await?;
+                // Recovery already read the channel; read it only when not.
+                let known = inner
+                    .chans
+                    .lock()
+                    .get(&uri)
+                    .map(|c| (c.len, c.last_seq, c.turns));
+                let (len, last_seq, turns) = match known {
+                    Some(k) => k,
+                    None => {
+                        let read = inner.nats.read_channel(&uri, 0, 0).await?;
+                        (read.len, read.last_seq, read.turn_count)
+                    }
+                };
+                // Anything written since is caught here: the fence then
+                // fails and this node does not own the channel.
                 let msg = jetstream::message::PublishMessage::build()
                     .header(FENCE_HEADER, inner.node.as_str())
-                    .expected_last_subject_sequence(read.last_seq)
+                    .expected_last_subject_sequence(last_seq)
                     .payload(Bytes::new());
                 let ack = inner
                     .nats
@@ -392,10 +407,10 @@ impl JetStreamJournal {
                     .map_err(|e| publish_error(&uri, e))?;
                 let mut chans = inner.chans.lock();
                 let c = chans.entry(uri).or_default();
-                c.len = read.len;
-                c.projected = read.len;
+                c.len = len;
+                c.projected = len;
                 c.last_seq = ack.sequence;
-                c.turns = read.turn_count;
+                c.turns = turns;
                 c.fenced = None;
                 Ok(())
             })
