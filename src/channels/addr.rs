@@ -79,7 +79,7 @@ impl ChannelAddr {
         as_agent: bool,
     ) {
         let msg = ClientDispatch {
-            conn,
+            conn: super::Dispatcher::Conn(conn),
             origin,
             action,
             as_agent,
@@ -88,6 +88,75 @@ impl ChannelAddr {
             ChannelAddr::Chat(a) => a.do_send(msg),
             ChannelAddr::Session(a) => a.do_send(msg),
             ChannelAddr::Root(a) => a.do_send(msg),
+        }
+    }
+
+    /// A batch another node appended (a follower applies it).
+    pub fn replicate(&self, r: crate::store::Replicated) {
+        match self {
+            ChannelAddr::Chat(a) => a.do_send(super::Replicate(r)),
+            ChannelAddr::Session(a) => a.do_send(super::Replicate(r)),
+            ChannelAddr::Root(_) => {}
+        }
+    }
+
+    /// This node took the channel over.
+    pub fn promote(&self) {
+        match self {
+            ChannelAddr::Chat(a) => a.do_send(super::Promote),
+            ChannelAddr::Session(a) => a.do_send(super::Promote),
+            ChannelAddr::Root(_) => {}
+        }
+    }
+
+    /// A client's action another node forwarded here (this node owns the
+    /// channel); resolves with its outcome.
+    pub fn dispatch_forwarded(
+        &self,
+        origin: ActionOrigin,
+        action: StateAction,
+        as_agent: bool,
+    ) -> impl Future<Output = Result<(), String>> + 'static {
+        let (reply, rx) = super::ForwardedReply::new();
+        let msg = ClientDispatch {
+            conn: super::Dispatcher::Forwarded(reply),
+            origin,
+            action,
+            as_agent,
+        };
+        match self {
+            ChannelAddr::Chat(a) => a.do_send(msg),
+            ChannelAddr::Session(a) => a.do_send(msg),
+            ChannelAddr::Root(a) => a.do_send(msg),
+        }
+        async move {
+            rx.await
+                .unwrap_or_else(|_| Err("the channel went away".to_owned()))
+        }
+    }
+
+    /// A session another node created: the root starts this node's copy.
+    pub fn adopt_session(&self, c: crate::store::RecoveredChannel) {
+        if let ChannelAddr::Root(a) = self {
+            a.do_send(super::root::AdoptSession(c));
+        }
+    }
+
+    /// A chat another node created in this session: the session starts
+    /// this node's copy.
+    pub fn adopt_chat(&self, c: crate::store::RecoveredChannel) {
+        if let ChannelAddr::Session(a) = self {
+            a.do_send(super::session::AdoptChat(c));
+        }
+    }
+
+    /// A channel another node disposed: this node's copy goes (asked of
+    /// the root for a session, of the session for a chat).
+    pub fn forget(&self, uri: ChannelUri) {
+        match self {
+            ChannelAddr::Root(a) => a.do_send(RemoveSession { uri, local: true }),
+            ChannelAddr::Session(a) => a.do_send(super::session::ForgetChat(uri)),
+            ChannelAddr::Chat(_) => {}
         }
     }
 
@@ -127,7 +196,9 @@ impl ChannelAddr {
 
     /// `disposeSession` (asked of the root).
     pub fn dispose_session(&self, uri: ChannelUri) -> impl Future<Output = Result<(), RpcError>> {
-        let sent = self.root().map(|a| a.send(RemoveSession { uri }));
+        let sent = self
+            .root()
+            .map(|a| a.send(RemoveSession { uri, local: false }));
         async move { answered(sent?.await) }
     }
 

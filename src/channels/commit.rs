@@ -16,10 +16,11 @@ use ahp_types::state::{ChatState, RootState, SessionState};
 use tokio::sync::oneshot;
 
 use super::core::{Accepted, ChannelCore};
+use super::forward::{ForwardReply, ForwardRequest};
 use super::validate::{action_type, Rejection};
-use super::ClientDispatch;
+use super::{ClientDispatch, Dispatcher};
 use crate::publish::ServerSeq;
-use crate::store::{JournalError, TurnRecord};
+use crate::store::{JournalError, Replicated, TurnRecord};
 
 /// How long a channel whose write the store refused waits before trying
 /// the store again.
@@ -143,6 +144,80 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
     /// (what clients saw).
     fn roll_back(&mut self);
 
+    /// A follower applied and published actions another node journaled
+    /// (no effects run here: the owner runs them).
+    fn followed(&mut self, _ctx: &mut Context<Self>) {}
+
+    /// This node took the channel over from an owner that went away: end
+    /// what that owner was running, as after a crash.
+    fn promoted(&mut self, _ctx: &mut Context<Self>) {}
+
+    /// A batch some node appended, read back from the shared journal. A
+    /// follower reduces and publishes the records it does not have yet (a
+    /// gap means it missed some: it reads the channel again); an owner
+    /// ignores its own batches, and another node's means this node lost
+    /// the channel.
+    fn replicated(&mut self, ctx: &mut Context<Self>, r: Replicated) {
+        let core = self.parts().0;
+        let end = r.pos.plus(r.records.len() as u64);
+        if end <= core.journal_len {
+            return;
+        }
+        if !core.follower {
+            let me = core.shared.cluster.as_ref().map(|c| c.node().to_owned());
+            if me.as_deref() == Some(r.writer.as_str()) {
+                return;
+            }
+            tracing::warn!(channel = %core.uri, writer = %r.writer, "another node wrote this channel: following it from now on");
+            return self.demote(ctx);
+        }
+        if r.pos > core.journal_len {
+            tracing::warn!(channel = %core.uri, have = %core.journal_len, got = %r.pos, "replicated batches missed: reading the channel again");
+            return self.resync();
+        }
+        let skip = (core.journal_len.get() - r.pos.get()) as usize;
+        for (i, record) in r.records.iter().enumerate().skip(skip) {
+            let action = match serde_json::from_str::<StateAction>(record) {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::error!(channel = %self.parts().0.uri, error = %e, "a replicated action does not decode");
+                    return self.resync();
+                }
+            };
+            if let Err(e) = self.reduce(&action) {
+                tracing::error!(channel = %self.parts().0.uri, reason = %e, "a replicated action does not apply: reading the channel again");
+                return self.resync();
+            }
+            let _ = self.take_history();
+            let core = self.parts().0;
+            core.journal_len = core.journal_len.plus(1);
+            let origin = r.origins.get(i).and_then(Option::as_ref);
+            core.publish_replicated(record, origin);
+        }
+        self.followed(ctx);
+    }
+
+    /// Read the channel from the store again and publish what subscribers
+    /// have not seen.
+    fn resync(&mut self) {
+        let core = self.parts().0;
+        core.refused_at = Some(core.journal_len);
+        self.roll_back();
+        let core = self.parts().0;
+        if core.unreadable.is_none() {
+            core.catch_up();
+        }
+    }
+
+    /// This node no longer writes the channel: it follows the new owner,
+    /// from what the store holds.
+    fn demote(&mut self, _ctx: &mut Context<Self>) {
+        self.parts().0.follower = true;
+        self.resync();
+        let core = self.parts().0;
+        core.store_failed = None;
+    }
+
     /// A client's action: refused while the channel is read-only, otherwise
     /// checked by `check` (which reduces it into the state when it passes)
     /// and committed. The dispatcher gets the rejection, or its echo.
@@ -159,6 +234,17 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             ..
         } = msg;
         let core = self.parts().0;
+        if core.follower {
+            return self.forward(
+                ctx,
+                ClientDispatch {
+                    conn,
+                    origin,
+                    action,
+                    as_agent: false,
+                },
+            );
+        }
         if let Some(e) = core.store_refusal() {
             let kind = <Self::State as ChannelState>::KIND;
             let reason = format!("the store is unavailable ({e}); the {kind} is read-only");
@@ -170,6 +256,54 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             return;
         }
         self.commit(ctx, vec![Accepted::new(action, Some((origin, conn)))], None);
+    }
+
+    /// Hand a client's action to the node that owns the channel; a
+    /// rejection (or an owner that does not answer) comes back to the
+    /// dispatcher, the echo through this node's copy of the channel.
+    fn forward(&mut self, ctx: &mut Context<Self>, msg: ClientDispatch) {
+        let core = self.parts().0;
+        let Some(link) = core.shared.cluster.clone() else {
+            return;
+        };
+        let ClientDispatch {
+            conn,
+            origin,
+            action,
+            as_agent,
+        } = msg;
+        let body = ForwardRequest::Dispatch {
+            channel: core.uri.to_string(),
+            origin: origin.clone(),
+            action: serde_json::to_value(&action).unwrap_or_default(),
+            as_agent,
+        }
+        .encode();
+        if let Dispatcher::Conn(c) = &conn {
+            // Bounded: a dispatch whose echo never came back (its owner
+            // went away) is not kept for ever.
+            if core.forwarded.len() >= 4096 {
+                core.forwarded.clear();
+            }
+            let key = (origin.client_id.clone(), origin.client_seq);
+            core.forwarded.insert(key, c.clone());
+        }
+        let sent = link.forward(&core.uri, body);
+        ctx.spawn(sent.into_actor(self).map(move |res, act, _| {
+            let refused = match res.map(|b| ForwardReply::decode(&b)) {
+                Ok(ForwardReply::Done) => return,
+                Ok(ForwardReply::Rejected { reason }) => reason,
+                Ok(ForwardReply::Failed { message, .. }) => message,
+                Ok(ForwardReply::NotOwner) => {
+                    "the channel is changing hands between nodes; try again".to_owned()
+                }
+                Err(e) => e,
+            };
+            let core = act.parts().0;
+            core.forwarded
+                .remove(&(origin.client_id.clone(), origin.client_seq));
+            core.reject(&conn, &origin, &action, &refused);
+        }));
     }
 
     /// Reduce host or agent actions in order (skipping any that no longer
@@ -218,6 +352,17 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             }
             return;
         }
+        if self.parts().0.follower {
+            // Only the owner writes; whatever asked for this here (a timer,
+            // an effect) is the owner's job.
+            tracing::debug!(channel = %self.parts().0.uri, "a follower does not write: batch dropped");
+            if let Some(done) = done {
+                let _ = done.send(Err(Rejection::new(
+                    "another node of the cluster runs this channel",
+                )));
+            }
+            return;
+        }
         if !Self::JOURNALED {
             publish_all(self, ctx, batch, done);
             return;
@@ -232,6 +377,7 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             Err(e) => {
                 let reason = format!("not stored: {e}");
                 let retry = matches!(e, JournalError::Unavailable(_));
+                let fenced = matches!(e, JournalError::Fenced { .. });
                 act.parts().0.commit_failed(e, &batch);
                 act.roll_back();
                 let core = act.parts().0;
@@ -240,6 +386,12 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
                 }
                 if retry {
                     retry_store(ctx);
+                }
+                if fenced {
+                    // Another node took the channel over: follow it.
+                    let core = act.parts().0;
+                    core.follower = true;
+                    core.store_failed = None;
                 }
                 if let Some(done) = done {
                     let _ = done.send(Err(Rejection::new(reason)));
@@ -266,6 +418,29 @@ macro_rules! channel_reads {
             ) -> Self::Result {
                 let (core, state) = $crate::channels::commit::ChannelActor::parts(self);
                 core.subscribe(&msg.conn, state)
+            }
+        }
+
+        impl actix::Handler<$crate::channels::Replicate> for $actor {
+            type Result = ();
+
+            fn handle(&mut self, msg: $crate::channels::Replicate, ctx: &mut Self::Context) {
+                $crate::channels::commit::ChannelActor::replicated(self, ctx, msg.0)
+            }
+        }
+
+        impl actix::Handler<$crate::channels::Promote> for $actor {
+            type Result = ();
+
+            fn handle(&mut self, _: $crate::channels::Promote, ctx: &mut Self::Context) {
+                let (core, _) = $crate::channels::commit::ChannelActor::parts(self);
+                if !core.follower {
+                    return;
+                }
+                core.follower = false;
+                core.journal_len = core.shared.journal.len(&core.uri);
+                tracing::info!(channel = %core.uri, "this node runs the channel now");
+                $crate::channels::commit::ChannelActor::promoted(self, ctx)
             }
         }
 

@@ -16,7 +16,7 @@ use super::agent::AgentDirectory;
 use super::registry::Registry;
 use crate::config::Config;
 use crate::publish::{Publisher, ServerSeq};
-use crate::store::Journal;
+use crate::store::{ClusterLink, Journal};
 
 /// Application context handed to every actor and connection.
 pub struct Shared {
@@ -31,6 +31,9 @@ pub struct Shared {
     /// Agents by provider id (`providers::Providers` behind a trait, so
     /// channels do not depend on providers).
     pub providers: Arc<dyn AgentDirectory>,
+    /// The other nodes of the cluster, when this node is one
+    /// ([`crate::store::cluster`]); `None` for a single node.
+    pub cluster: Option<Arc<dyn ClusterLink>>,
     /// The threads new actors are spread on.
     arbiters: Vec<ArbiterHandle>,
     /// Round-robin position in `arbiters`.
@@ -59,9 +62,21 @@ impl Shared {
             registry: Registry::default(),
             journal,
             providers,
+            cluster: None,
             arbiters,
             next_arbiter: AtomicUsize::new(0),
         }
+    }
+
+    /// A cluster node's context: channels other nodes own are followed.
+    pub fn with_cluster(mut self, link: Option<Arc<dyn ClusterLink>>) -> Self {
+        self.cluster = link;
+        self
+    }
+
+    /// Whether another node writes `channel` (this one follows it).
+    pub fn follows(&self, channel: &crate::ids::ChannelUri) -> bool {
+        self.cluster.as_ref().is_some_and(|c| !c.owns(channel))
     }
 
     /// The arbiter for the next new actor (round robin), so chats run in

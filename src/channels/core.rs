@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ahp_types::actions::{ActionOrigin, StateAction};
 
 pub use super::context::Shared;
+use super::Dispatcher;
 use crate::ids::ChannelUri;
 use crate::ids::JournalPos;
 use crate::publish::{rejection_frame, Hub, Outbound, Push, ServerSeq};
@@ -28,12 +29,12 @@ pub struct Accepted {
     /// Its serialized form, journaled and published as is.
     pub json: Record,
     /// The dispatcher, when a client sent it.
-    pub origin: Option<(ActionOrigin, Arc<Outbound>)>,
+    pub origin: Option<(ActionOrigin, Dispatcher)>,
 }
 
 impl Accepted {
     /// Wrap an action, serializing it once.
-    pub fn new(action: StateAction, origin: Option<(ActionOrigin, Arc<Outbound>)>) -> Self {
+    pub fn new(action: StateAction, origin: Option<(ActionOrigin, Dispatcher)>) -> Self {
         let json: Record = serde_json::to_string(&action)
             .unwrap_or_else(|_| "null".into())
             .into();
@@ -65,6 +66,14 @@ pub struct ChannelCore {
     /// Where the journal ended, as subscribers know it, when a write was
     /// refused; cleared once the store was read again ([`Self::catch_up`]).
     pub refused_at: Option<JournalPos>,
+    /// Another node of the cluster writes this channel: this copy applies
+    /// what it appends ([`super::commit::ChannelActor::replicated`]) and
+    /// forwards its clients' actions to it.
+    pub follower: bool,
+    /// Dispatchers on this node whose actions were forwarded to the owner,
+    /// by origin: each gets its echo when the action comes back, even if
+    /// not subscribed (as a dispatcher does from an owner).
+    pub forwarded: std::collections::HashMap<(String, i64), Arc<Outbound>>,
     /// Records journaled since the last snapshot.
     since_snapshot: u64,
     /// `serverSeq` values claimed for journaled actions not yet published.
@@ -75,7 +84,10 @@ impl ChannelCore {
     /// A core for a channel with `journal_len` records already stored.
     pub fn new(uri: ChannelUri, hub: Arc<Hub>, shared: Arc<Shared>) -> Self {
         let journal_len = shared.journal.len(&uri);
+        let follower = shared.follows(&uri);
         Self {
+            follower,
+            forwarded: std::collections::HashMap::new(),
             uri,
             hub,
             shared,
@@ -111,13 +123,17 @@ impl ChannelCore {
     /// Send a rejection echo to the dispatcher only.
     pub fn reject(
         &self,
-        conn: &Outbound,
+        conn: &Dispatcher,
         origin: &ActionOrigin,
         action: &StateAction,
         reason: &str,
     ) {
-        let json = serde_json::to_string(action).unwrap_or_else(|_| "null".into());
         tracing::debug!(channel = %self.uri, client = %origin.client_id, reason, "action rejected");
+        let conn = match conn {
+            Dispatcher::Conn(c) => c,
+            Dispatcher::Forwarded(reply) => return reply.answer(Err(reason.to_owned())),
+        };
+        let json = serde_json::to_string(action).unwrap_or_else(|_| "null".into());
         conn.push(Push::AfterLastSeq(&|last| {
             rejection_frame(&self.uri, &json, last, origin, reason)
         }));
@@ -136,6 +152,14 @@ impl ChannelCore {
         state: impl FnOnce() -> Option<String>,
     ) -> crate::store::Commit {
         let records: Vec<Record> = batch.iter().map(|a| a.json.clone()).collect();
+        let origins = if batch.iter().any(|a| a.origin.is_some()) {
+            batch
+                .iter()
+                .map(|a| a.origin.as_ref().map(|(o, _)| o.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         if let Err(e) = self.shared.publisher.claim(records.len() as u64) {
             return Box::pin(std::future::ready(Err(JournalError::Unavailable(
                 e.to_string(),
@@ -162,6 +186,7 @@ impl ChannelCore {
                 turns,
                 truncate_turns_from,
                 snapshot,
+                origins,
             },
         )
     }
@@ -170,13 +195,41 @@ impl ChannelCore {
     /// with a number claimed by [`ChannelCore::append`].
     pub fn publish(&mut self, accepted: &Accepted) -> ServerSeq {
         let (origin, conn) = match &accepted.origin {
-            Some((o, c)) => (Some(o), Some(c)),
+            Some((o, c)) => (Some(o), c.conn()),
             None => (None, None),
         };
         self.claimed = self.claimed.saturating_sub(1);
-        self.shared
+        let seq = self
+            .shared
             .publisher
-            .publish(&self.uri, &self.hub, &accepted.json, origin, conn)
+            .publish(&self.uri, &self.hub, &accepted.json, origin, conn);
+        if let Some((_, Dispatcher::Forwarded(reply))) = &accepted.origin {
+            reply.answer(Ok(()));
+        }
+        seq
+    }
+
+    /// Publish an action another node journaled (this node follows the
+    /// channel) to this node's subscribers; `None`, and nothing published,
+    /// if no `serverSeq` could be reserved.
+    pub fn publish_replicated(
+        &mut self,
+        record: &Record,
+        origin: Option<&ActionOrigin>,
+    ) -> Option<ServerSeq> {
+        if let Err(e) = self.shared.publisher.claim(1) {
+            tracing::error!(channel = %self.uri, error = %e, "no serverSeq for a replicated action");
+            return None;
+        }
+        let dispatcher =
+            origin.and_then(|o| self.forwarded.remove(&(o.client_id.clone(), o.client_seq)));
+        Some(self.shared.publisher.publish(
+            &self.uri,
+            &self.hub,
+            record,
+            origin,
+            dispatcher.as_ref(),
+        ))
     }
 
     /// Publish an action that is not journaled (root's derived state); see

@@ -16,6 +16,7 @@ pub mod chat;
 pub mod commit;
 pub mod context;
 pub mod core;
+pub mod forward;
 pub mod recovery;
 pub mod registry;
 pub mod rollup;
@@ -39,12 +40,56 @@ use crate::publish::{Outbound, ServerSeq};
 pub use registry::{Channel, ChannelAddr, Registry};
 pub use validate::Rejection;
 
+/// Who dispatched a client's action, and so who hears of its fate.
+#[derive(Clone)]
+pub enum Dispatcher {
+    /// A connection of this node: its echo, or its rejection, is a frame on
+    /// it.
+    Conn(Arc<Outbound>),
+    /// A client of another node of the cluster, which forwarded the
+    /// dispatch here: the outcome goes back in the forward's answer (the
+    /// client's echo reaches it through that node's copy of the channel).
+    Forwarded(ForwardedReply),
+}
+
+/// The answer to a forwarded dispatch: `Ok` once published, or the
+/// rejection's reason. Answered once; later answers are dropped.
+#[derive(Clone)]
+pub struct ForwardedReply(
+    Arc<parking_lot::Mutex<Option<tokio::sync::oneshot::Sender<Result<(), String>>>>>,
+);
+
+impl ForwardedReply {
+    /// A reply and where its answer arrives.
+    pub fn new() -> (Self, tokio::sync::oneshot::Receiver<Result<(), String>>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Self(Arc::new(parking_lot::Mutex::new(Some(tx)))), rx)
+    }
+
+    /// Answer (the first answer counts).
+    pub fn answer(&self, outcome: Result<(), String>) {
+        if let Some(tx) = self.0.lock().take() {
+            let _ = tx.send(outcome);
+        }
+    }
+}
+
+impl Dispatcher {
+    /// The dispatcher's connection, when it is one of this node's.
+    pub fn conn(&self) -> Option<&Arc<Outbound>> {
+        match self {
+            Dispatcher::Conn(c) => Some(c),
+            Dispatcher::Forwarded(_) => None,
+        }
+    }
+}
+
 /// A client's `dispatchAction` routed to the channel's actor.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ClientDispatch {
-    /// The dispatching connection: gets its echo, or the rejection.
-    pub conn: Arc<Outbound>,
+    /// The dispatcher: gets its echo, or the rejection.
+    pub conn: Dispatcher,
     /// `clientId` + `clientSeq` of the dispatch.
     pub origin: ActionOrigin,
     /// The action as decoded.
@@ -65,6 +110,16 @@ pub struct Subscribe {
     /// `view.turns` from the request, if any.
     pub view_turns: Option<i64>,
 }
+
+/// A batch another node of the cluster appended to the channel.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Replicate(pub crate::store::Replicated);
+
+/// This node took the channel over (its owner went away).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Promote;
 
 /// A serialized `Snapshot`.
 #[derive(Debug, Clone)]

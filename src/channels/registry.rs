@@ -64,6 +64,11 @@ impl Registry {
         self.channels.contains_key(uri)
     }
 
+    /// Every registered channel (a copy, for periodic sweeps).
+    pub fn all(&self) -> Vec<Channel> {
+        self.channels.iter().map(|c| c.value().clone()).collect()
+    }
+
     /// Number of channels.
     pub fn len(&self) -> usize {
         self.channels.len()

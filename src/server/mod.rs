@@ -23,6 +23,7 @@
 
 pub mod access;
 pub mod admission;
+mod cluster;
 pub mod connection;
 mod inbound;
 pub mod params;
@@ -224,17 +225,22 @@ where
                     .map_err(|e| anyhow::anyhow!("{e}"))
                     .context("reading the store")?;
                 providers.restore_owners(std::mem::take(&mut recovered.provider_owners));
-                let shared = Arc::new(Shared::new(
-                    config.clone(),
-                    journal,
-                    providers.clone(),
-                    arbiters.iter().map(Arbiter::handle).collect(),
-                    recovered.seq_floor,
-                ));
+                let link = journal.cluster();
+                let shared = Arc::new(
+                    Shared::new(
+                        config.clone(),
+                        journal,
+                        providers.clone(),
+                        arbiters.iter().map(Arbiter::handle).collect(),
+                        recovered.seq_floor,
+                    )
+                    .with_cluster(link),
+                );
                 let (root, stats) = ChannelAddr::start_root(&shared, recovered)
                     .await
                     .map_err(|e| anyhow::anyhow!("{e}"))
                     .context("restoring the stored sessions")?;
+                cluster::join(&shared, &root);
                 tracing::info!(
                     sessions = stats.sessions,
                     chats = stats.chats,

@@ -209,6 +209,7 @@ mod tests {
                     at_seq: JournalPos::new(1),
                     state: "s".into(),
                 }),
+                origins: Vec::new(),
             },
         )
         .await

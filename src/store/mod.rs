@@ -10,6 +10,7 @@
 //! can be paged with `fetchTurns` without keeping it all in memory) and a
 //! snapshot of the channel's state (so recovery replays only the tail).
 
+pub mod cluster;
 pub mod jetstream;
 pub mod memory;
 pub mod sqlite;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 
+pub use cluster::{ClusterEvent, ClusterLink, Replicated};
 pub use jetstream::{ClusterConfig, JetStreamJournal};
 pub use memory::MemoryJournal;
 pub use sqlite::{Durability, SqliteJournal};
@@ -94,6 +96,10 @@ pub struct Batch {
     pub truncate_turns_from: Option<u64>,
     /// A snapshot taken after this batch.
     pub snapshot: Option<SnapshotRecord>,
+    /// Who dispatched each record (empty, or one per record): a cluster
+    /// journal carries them so other nodes echo the action to its
+    /// dispatcher's client as the owner does.
+    pub origins: Vec<Option<ahp_types::actions::ActionOrigin>>,
 }
 
 impl Batch {
@@ -253,4 +259,10 @@ pub trait Journal: Send + Sync + 'static {
 
     /// One channel as stored (to roll its state back after a failed append).
     fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError>;
+
+    /// The link to the other nodes sharing this journal, when it is a
+    /// cluster's ([`cluster`]).
+    fn cluster(&self) -> Option<Arc<dyn ClusterLink>> {
+        None
+    }
 }

@@ -116,3 +116,66 @@ impl Drop for NatsServer {
         self.stop();
     }
 }
+
+/// A Tandem node of the cluster on `nats` (2-second leases), its log in
+/// `<dir>/<id>.log`.
+pub fn node(dir: &std::path::Path, nats: &NatsServer, id: &str) -> super::ServerProcess {
+    super::ServerProcess::spawn_with(
+        &dir.join(format!("{id}.log")),
+        &[
+            "--cluster",
+            &nats.url(),
+            "--node-id",
+            id,
+            "--lease-secs",
+            "2",
+        ],
+    )
+}
+
+/// Send `sig` (`-STOP`, `-CONT`, `-KILL`) to process `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// Who wrote each message of `channel`'s subject in the journal stream, in
+/// order: a node's name for a batch, `fence by <node>` for a fence.
+pub async fn writers(nats: &NatsServer, channel: &str) -> Vec<String> {
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("connect to NATS");
+    let js = async_nats::jetstream::new(client);
+    let stream = js
+        .get_stream("TANDEM_JOURNAL")
+        .await
+        .expect("the journal stream");
+    let subject = format!(
+        "tandem.journal.{}",
+        channel
+            .bytes()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    let mut out = Vec::new();
+    let mut seq = 1;
+    while let Ok(m) = stream
+        .raw_message_builder()
+        .sequence(seq)
+        .next_by_subject(subject.clone())
+        .send()
+        .await
+    {
+        seq = m.sequence + 1;
+        let header = |n: &str| m.headers.get(n).map(|v| v.as_str().to_owned());
+        out.push(match (header("Tandem-Node"), header("Tandem-Fence")) {
+            (Some(n), _) => n,
+            (None, Some(n)) => format!("fence by {n}"),
+            (None, None) => "?".to_owned(),
+        });
+    }
+    out
+}

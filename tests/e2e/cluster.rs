@@ -9,32 +9,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::nats::NatsServer;
+use crate::common::nats::{node, signal, NatsServer};
 use crate::common::{
     action, eventually, healthz, last_turn_markdown, temp_dir, ServerProcess, TestClient,
 };
-
-fn node(dir: &Path, nats: &NatsServer, id: &str) -> ServerProcess {
-    ServerProcess::spawn_with(
-        &dir.join(format!("{id}.log")),
-        &[
-            "--cluster",
-            &nats.url(),
-            "--node-id",
-            id,
-            "--lease-secs",
-            "2",
-        ],
-    )
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill {sig} {pid}");
-}
 
 async fn title(c: &mut TestClient, session: &str, text: &str) -> Option<String> {
     let seq = c
@@ -103,18 +81,22 @@ async fn a_live_owner_keeps_its_channels_and_a_paused_one_cannot_append_after_a_
         .as_u64()
         .expect("serverSeq");
 
-    // While a renews its leases, b cannot take its channels.
-    let mut b = node(&dir, &nats, "b");
-    let status = b.wait_exit(Duration::from_secs(20)).expect("b gives up");
-    assert!(!status.success());
-    let log = std::fs::read_to_string(dir.join("b.log")).expect("b's log");
-    assert!(log.contains("owned by node `a`"), "{log}");
-
-    // a is paused past its lease: b takes over and fences every channel.
-    signal(a.pid(), "-STOP");
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // While a renews its leases, b follows a's channels: it serves them,
+    // and its clients' writes go to a.
     let b = node(&dir, &nats, "b");
     assert_eq!(session_title(&b, &session).await, "by a");
+    let mut cb = b.client("bob").await;
+    assert_eq!(title(&mut cb, &session, "by b, through a").await, None);
+    assert_eq!(session_title(&a, &session).await, "by b, through a");
+    assert_eq!(healthz(a.addr).await["cluster"]["channelsOwned"], 2);
+    assert_eq!(healthz(b.addr).await["cluster"]["channelsOwned"], 0);
+
+    // a is paused past its lease: b takes its channels over.
+    signal(a.pid(), "-STOP");
+    eventually("b owns the session and its chat", || async {
+        (healthz(b.addr).await["cluster"]["channelsOwned"] == 2).then_some(())
+    })
+    .await;
     // A client of a reconnects to b with what it saw there: b numbers above
     // everything a handed out, so it answers with snapshots, not a replay.
     let back = TestClient::raw_connect(&b.url()).await;
@@ -130,22 +112,43 @@ async fn a_live_owner_keeps_its_channels_and_a_paused_one_cannot_append_after_a_
         "b numbers above a"
     );
     back.shutdown().await;
-    let mut cb = b.client("bob").await;
     assert_eq!(title(&mut cb, &session, "by b").await, None);
 
-    // a wakes up believing it still owns the session: its write is refused.
+    // a wakes up believing it still owns the session. Its write is refused
+    // or, once a has heard of the take-over, forwarded to b: a itself never
+    // appends again.
     signal(a.pid(), "-CONT");
     let mut ca = a.client("amy-2").await;
-    let refused = title(&mut ca, &session, "by a again").await;
+    let outcome = title(&mut ca, &session, "by a again").await;
     assert!(
-        refused
+        outcome
             .as_deref()
-            .is_some_and(|r| r.contains("no longer this node's")),
-        "{refused:?}"
+            .is_none_or(|r| r.contains("no longer this node's")),
+        "{outcome:?}"
     );
-    assert_eq!(session_title(&b, &session).await, "by b");
+    let expected = if outcome.is_none() {
+        "by a again"
+    } else {
+        "by b"
+    };
+    assert_eq!(session_title(&b, &session).await, expected);
+    eventually("a follows b", || async {
+        (session_title(&a, &session).await == expected).then_some(())
+    })
+    .await;
+    let writers = crate::common::nats::writers(&nats, &session).await;
+    let fence = writers
+        .iter()
+        .rposition(|w| w == "fence by b")
+        .expect("b fenced the session");
+    assert!(
+        writers[fence + 1..].iter().all(|w| w == "b"),
+        "after b's fence only b wrote: {writers:?}"
+    );
+    assert!(writers[..fence].iter().any(|w| w == "a"), "{writers:?}");
     let health = healthz(b.addr).await;
     assert_eq!(health["cluster"]["channelsOwned"], 2, "{health}");
+    assert_eq!(healthz(a.addr).await["cluster"]["channelsOwned"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,6 +265,7 @@ async fn the_jetstream_journal_keeps_what_the_sqlite_journal_keeps() {
                 at_seq: JournalPos::new(3),
                 state: "{\"state\":3}".into(),
             }),
+            origins: Vec::new(),
         },
     )
     .await

@@ -15,6 +15,7 @@ mod acp_bridge;
 mod admission;
 mod bad_input;
 mod cluster;
+mod cluster_nodes;
 mod collaboration;
 mod commands;
 mod durability;

@@ -2,8 +2,6 @@
 //! unsafe link, and no confirmation of a tool that changes data unless the
 //! session's policy allows it (the default safety rule).
 
-use std::sync::Arc;
-
 use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 use tokio::sync::oneshot;
@@ -13,9 +11,9 @@ use crate::channels::commit::ChannelActor;
 use crate::channels::core::Accepted;
 use crate::channels::session::ApprovalCheckpoint;
 use crate::channels::validate::{self, Rejection};
+use crate::channels::Dispatcher;
 use crate::interactions::policy::Auto;
 use crate::interactions::{link, policy, tool_options};
-use crate::publish::Outbound;
 
 /// `_meta` key by which an agent declares a tool call read-only.
 pub const READ_ONLY_META: &str = "tandem/readOnly";
@@ -53,11 +51,11 @@ impl ChatActor {
         &mut self,
         ctx: &mut Context<Self>,
         action: StateAction,
-        origin: Option<(ActionOrigin, Arc<Outbound>)>,
+        origin: Option<(ActionOrigin, Dispatcher)>,
         done: Option<oneshot::Sender<Result<(), Rejection>>>,
     ) {
         let refuse = |act: &Self,
-                      origin: &Option<(ActionOrigin, Arc<Outbound>)>,
+                      origin: &Option<(ActionOrigin, Dispatcher)>,
                       done: Option<oneshot::Sender<Result<(), Rejection>>>,
                       action: &StateAction,
                       r: Rejection| {
@@ -132,7 +130,7 @@ impl ChatActor {
         &mut self,
         ctx: &mut Context<Self>,
         action: StateAction,
-        origin: Option<(ActionOrigin, Arc<Outbound>)>,
+        origin: Option<(ActionOrigin, Dispatcher)>,
         done: Option<oneshot::Sender<Result<(), Rejection>>>,
     ) {
         match self.reduce(&action) {

@@ -209,6 +209,18 @@ impl ChatActor {
     }
 }
 
+impl ChatActor {
+    /// End the active turn that a restart or a lost node interrupted with
+    /// `chat/error` (its agent is gone, and with it whatever it waited for).
+    fn end_interrupted_turn(&mut self, ctx: &mut Context<Self>, code: &str, message: &str) {
+        if let Some(t) = &self.state.active_turn {
+            tracing::info!(chat = %self.core.uri, turn = %t.id, code, "ending an interrupted turn");
+            let err = chat_error(&t.id, &t.started_at, code, message);
+            self.host_actions(ctx, vec![err], None);
+        }
+    }
+}
+
 impl ChannelActor for ChatActor {
     type State = ChatState;
 
@@ -243,6 +255,17 @@ impl ChannelActor for ChatActor {
         self.report_to_session();
     }
 
+    fn promoted(&mut self, ctx: &mut Context<Self>) {
+        self.crashed_turn = false;
+        self.reported_status = self.state.status;
+        self.rollup = rollup::open_items(&self.core.uri, &self.state);
+        self.end_interrupted_turn(
+            ctx,
+            "HostNodeLost",
+            "the cluster node running this turn went away; another node took the chat over",
+        );
+    }
+
     /// Back to what the store holds, and every open interaction settled —
     /// the chat takes no more writes.
     fn roll_back(&mut self) {
@@ -268,19 +291,15 @@ impl Actor for ChatActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        if !std::mem::take(&mut self.crashed_turn) {
+        // A follower's turn is its owner's to end.
+        if self.core.follower || !std::mem::take(&mut self.crashed_turn) {
             return;
         }
-        if let Some(t) = &self.state.active_turn {
-            tracing::info!(chat = %self.core.uri, turn = %t.id, "ending a turn interrupted by a restart");
-            let err = chat_error(
-                &t.id,
-                &t.started_at,
-                "HostRestarted",
-                "the server restarted while this turn was running",
-            );
-            self.host_actions(ctx, vec![err], None);
-        }
+        self.end_interrupted_turn(
+            ctx,
+            "HostRestarted",
+            "the server restarted while this turn was running",
+        );
     }
 }
 
@@ -288,6 +307,9 @@ impl Handler<ClientDispatch> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, msg: ClientDispatch, ctx: &mut Self::Context) {
+        if self.core.follower {
+            return self.forward(ctx, msg);
+        }
         // The provider can also start turns like a client would; its other
         // actions are checked as an agent's.
         if msg.as_agent && !matches!(msg.action, StateAction::ChatTurnStarted(_)) {

@@ -20,7 +20,7 @@ fn dispatch(conn: &Arc<Outbound>, seq: i64, action: serde_json::Value) -> Client
     let action: StateAction = serde_json::from_value(action).expect("an action");
     assert!(!matches!(action, StateAction::Unknown(_)), "{action:?}");
     ClientDispatch {
-        conn: conn.clone(),
+        conn: crate::channels::Dispatcher::Conn(conn.clone()),
         origin: ActionOrigin {
             client_id: "client".into(),
             client_seq: seq,

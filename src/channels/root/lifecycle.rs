@@ -14,13 +14,16 @@ use ahp_types::ROOT_RESOURCE_URI;
 
 use super::RootActor;
 use crate::channels::core::durable;
+use crate::channels::forward::{ForwardReply, ForwardRequest};
+use crate::channels::recovery::{self, Rebuilt};
 use crate::channels::registry::{Channel, ChannelAddr};
+use crate::channels::session::summary_of;
 use crate::channels::session::{DisposeSession, InitSession, SessionActor};
 use crate::channels::validate::Rejection;
 use crate::ids::ChannelUri;
 use crate::protocol::{errors, RpcError};
 use crate::publish::Hub;
-use crate::store::{ChannelInfo, ChannelKind};
+use crate::store::{ChannelInfo, ChannelKind, RecoveredChannel};
 
 /// A session started but not yet stored: not listed, not counted, not
 /// announced.
@@ -74,12 +77,17 @@ impl Handler<CreateSession> for RootActor {
 pub struct RemoveSession {
     /// The session URI.
     pub uri: ChannelUri,
+    /// Only this node's copy: the node that runs the session disposed it.
+    pub local: bool,
 }
 
 impl Handler<RemoveSession> for RootActor {
     type Result = ResponseActFuture<Self, Result<(), RpcError>>;
 
-    fn handle(&mut self, msg: RemoveSession, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: RemoveSession, ctx: &mut Self::Context) -> Self::Result {
+        if !msg.local && self.core.shared.follows(&msg.uri) {
+            return self.dispose_at_owner(ctx, msg.uri);
+        }
         let Some((addr, summary)) = self.sessions.remove(msg.uri.as_str()) else {
             return Box::pin(actix::fut::ready(Err(RpcError::new(
                 errors::SESSION_NOT_FOUND,
@@ -123,7 +131,86 @@ impl Handler<RemoveSession> for RootActor {
     }
 }
 
+/// A session another node of the cluster created: start this node's copy
+/// (its chats follow with [`crate::channels::session::AdoptChat`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AdoptSession(pub RecoveredChannel);
+
+impl Handler<AdoptSession> for RootActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AdoptSession, _: &mut Self::Context) {
+        let c = msg.0;
+        let uri = c.info.uri.clone();
+        if self.core.shared.registry.contains(&uri) {
+            return;
+        }
+        if let Some(link) = &self.core.shared.cluster {
+            link.follows(&uri);
+        }
+        let shared = self.shared();
+        let state = match recovery::rebuild(&c, shared.config.turns_window, &*shared.providers) {
+            Ok(Rebuilt::Session(state)) => state,
+            Ok(Rebuilt::Chat(..)) => return,
+            Err(e) => {
+                tracing::error!(session = %uri, error = %e, "a session another node created cannot be read");
+                return;
+            }
+        };
+        let summary = summary_of(&uri, &state, &c.info.created_at);
+        let actor = SessionActor::recovered(
+            uri.clone(),
+            Arc::new(Hub::default()),
+            shared,
+            *state,
+            c.info.created_at.clone(),
+            self.address(),
+        );
+        if let Some(owner) = &c.info.owner {
+            self.note_owner(owner, uri.clone());
+        }
+        self.start_session(uri.clone(), actor, summary.clone());
+        self.notify(
+            &uri,
+            "root/sessionAdded",
+            &SessionAddedParams {
+                channel: ROOT_RESOURCE_URI.into(),
+                summary,
+            },
+        );
+        self.session_count_changed();
+    }
+}
+
 impl RootActor {
+    /// `disposeSession` of a session another node runs: asked of it; this
+    /// node's copy goes once it answered, before the client hears back.
+    fn dispose_at_owner(
+        &mut self,
+        ctx: &mut Context<Self>,
+        uri: ChannelUri,
+    ) -> ResponseActFuture<Self, Result<(), RpcError>> {
+        let link = self.core.shared.cluster.clone();
+        let me = ctx.address();
+        let asked = async move {
+            let link = link.ok_or_else(|| RpcError::internal("not a cluster node"))?;
+            let request = ForwardRequest::DisposeSession {
+                session: uri.to_string(),
+            };
+            let body = link
+                .forward(&uri, request.encode())
+                .await
+                .map_err(RpcError::internal)?;
+            ForwardReply::decode(&body).into_result()?;
+            me.send(RemoveSession { uri, local: true })
+                .await
+                .map_err(|e| RpcError::internal(e.to_string()))?
+                .or(Ok(()))
+        };
+        Box::pin(asked.into_actor(self))
+    }
+
     /// Check `msg`, start the session and its default chat, and return its
     /// URI with a future that resolves once its record and its first
     /// actions are stored.

@@ -13,7 +13,7 @@ use bytestring::ByteString;
 
 mod lifecycle;
 
-pub use lifecycle::{CreateSession, RemoveSession};
+pub use lifecycle::{AdoptSession, CreateSession, RemoveSession};
 
 use super::commit::{self, ChannelActor};
 use super::core::{Accepted, ChannelCore, Shared};

@@ -97,7 +97,10 @@ async fn a_disposed_session_is_announced_gone_only_once_its_removal_is_stored() 
     testing::frames(&watcher);
 
     journal.open_sync(false);
-    let removed = actix::spawn(root.send(RemoveSession { uri: uri.into() }));
+    let removed = actix::spawn(root.send(RemoveSession {
+        uri: uri.into(),
+        local: false,
+    }));
     let before = journal.events_before_sync().await;
     for channel in [uri, chat.as_str()] {
         assert!(

@@ -13,6 +13,7 @@ use super::SessionActor;
 use crate::channels::chat::{ChatActor, ChatHome, DisposeChat, GetPending, PendingItem};
 use crate::channels::commit::ChannelActor;
 use crate::channels::core::durable;
+use crate::channels::forward::ForwardRequest;
 use crate::channels::rollup;
 use crate::ids::ChannelUri;
 use crate::protocol::{errors, RpcError};
@@ -144,6 +145,13 @@ impl Handler<CreateChat> for SessionActor {
     type Result = ResponseFuture<Result<(), RpcError>>;
 
     fn handle(&mut self, msg: CreateChat, ctx: &mut Self::Context) -> Self::Result {
+        if self.core.follower {
+            let request = ForwardRequest::CreateChat {
+                session: self.core.uri.to_string(),
+                chat: msg.chat.to_string(),
+            };
+            return self.ask_owner(ctx, request, msg.chat);
+        }
         let limits = &self.core.shared.config.limits;
         if msg.chat.len() > limits.max_uri_bytes {
             let e = RpcError::invalid_params(format!(
@@ -197,6 +205,13 @@ impl Handler<RemoveChat> for SessionActor {
     /// write it still had in flight), and the store has made everything
     /// queued durable.
     fn handle(&mut self, msg: RemoveChat, ctx: &mut Self::Context) -> Self::Result {
+        if self.core.follower {
+            let request = ForwardRequest::DisposeChat {
+                session: self.core.uri.to_string(),
+                chat: msg.chat.to_string(),
+            };
+            return self.ask_owner(ctx, request, msg.chat);
+        }
         let Some(pos) = self.chats.iter().position(|(u, _)| *u == msg.chat) else {
             let e = RpcError::new(
                 errors::NOT_FOUND,

@@ -3,6 +3,7 @@
 
 mod approval;
 mod chats;
+mod follow;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -14,6 +15,7 @@ pub use approval::{
 pub use chats::{
     ChatSummaryChanged, CreateChat, DisposeSession, ListPending, RemoveChat, RollupChanged,
 };
+pub use follow::{AdoptChat, ForgetChat};
 pub use state::{new_session_state, summary_of};
 
 use std::sync::Arc;
@@ -219,6 +221,10 @@ impl ChannelActor for SessionActor {
     }
 
     fn published(&mut self, _: &mut Context<Self>, _: Vec<(Accepted, ServerSeq)>) {
+        self.report_summary();
+    }
+
+    fn followed(&mut self, _: &mut Context<Self>) {
         self.report_summary();
     }
 

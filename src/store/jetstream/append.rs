@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use super::wire::{raw, BatchMsg, SnapshotMsg, TurnMsg};
-use super::{publish_error, subject, token, unavailable, Inner, Pending, POS_HEADER};
+use super::{publish_error, subject, token, unavailable, Inner, Pending, NODE_HEADER, POS_HEADER};
 use crate::ids::ChannelUri;
 use crate::store::{JournalError, SnapshotRecord};
 
@@ -75,7 +75,13 @@ impl Inner {
         let mut truncate: Option<u64> = None;
         let mut turn_count = turns_before;
         let mut snapshot: Option<&SnapshotRecord> = None;
+        let mut origins = Vec::new();
+        let any_origin = group.iter().any(|p| !p.batch.origins.is_empty());
         for p in group {
+            if any_origin {
+                let n = p.batch.records.len();
+                origins.extend((0..n).map(|i| p.batch.origins.get(i).cloned().flatten()));
+            }
             if let Some(from) = p.batch.truncate_turns_from {
                 turns.retain(|t| t.index < from);
                 truncate = Some(truncate.map_or(from, |t| t.min(from)));
@@ -100,10 +106,12 @@ impl Inner {
             records,
             turns,
             truncate_turns_from: truncate,
+            origins,
         })
         .map_err(|e| unavailable("encode a batch", e))?;
         let msg = jetstream::message::PublishMessage::build()
             .header(POS_HEADER, pos.to_string().as_str())
+            .header(NODE_HEADER, self.node.as_str())
             .expected_last_subject_sequence(last_seq)
             .payload(Bytes::from(payload));
         let ack = self

@@ -42,6 +42,7 @@
 
 mod append;
 pub mod lease;
+mod link;
 mod nats;
 mod wire;
 
@@ -85,6 +86,8 @@ const SEQ_KEY: &str = "seq";
 const POS_HEADER: &str = "Tandem-Pos";
 /// Header: the node that wrote a fence message.
 const FENCE_HEADER: &str = "Tandem-Fence";
+/// Header: the node that wrote a batch message.
+const NODE_HEADER: &str = "Tandem-Node";
 
 /// How to reach the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,6 +182,15 @@ struct Inner {
     chans: Mutex<HashMap<ChannelUri, Chan>>,
     /// The leases this node holds, renewed in the background.
     owned: Mutex<HashMap<ChannelUri, lease::Lease>>,
+    /// Channels another node owns: this node follows them.
+    followed: Mutex<std::collections::HashSet<ChannelUri>>,
+    /// Who owns the channels this node follows, as last looked up.
+    owners: Mutex<link::Owners>,
+    /// Requests on their way to other nodes, in order.
+    forward_tx: Mutex<Option<tokio::sync::mpsc::UnboundedSender<link::Outgoing>>>,
+    /// The stream's last sequence when recovery read it: following starts
+    /// after it.
+    follow_from: std::sync::atomic::AtomicU64,
     /// The NATS client, for its connection state.
     client: async_nats::Client,
     /// Ends the runtime's thread when the journal goes.
@@ -236,6 +248,10 @@ impl JetStreamJournal {
                 lease: cfg.lease,
                 chans: Mutex::new(HashMap::new()),
                 owned: Mutex::new(HashMap::new()),
+                followed: Mutex::default(),
+                owners: Mutex::default(),
+                forward_tx: Mutex::new(None),
+                follow_from: std::sync::atomic::AtomicU64::new(0),
                 _stop: stop_tx,
             }),
         };
@@ -303,8 +319,16 @@ impl JetStreamJournal {
                 reason: e.to_string(),
             },
         })?;
-        self.inner.owned.lock().insert(channel.clone(), lease);
-        self.fence(channel).await
+        self.inner
+            .owned
+            .lock()
+            .insert(channel.clone(), lease.clone());
+        if let Err(e) = self.fence(channel).await {
+            self.inner.owned.lock().remove(channel);
+            self.leases().release(&lease).await;
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Take a channel this node had back after its lease expired: only if
@@ -501,6 +525,11 @@ impl Journal for JetStreamJournal {
 
     fn remove(&self, channel: &ChannelUri) {
         self.inner.chans.lock().remove(channel);
+        if self.inner.followed.lock().remove(channel) {
+            // Another node's channel: only this node's copy goes (its
+            // owner removes what is stored).
+            return;
+        }
         let lease = self.inner.owned.lock().remove(channel);
         let inner = self.inner.clone();
         let uri = channel.clone();
@@ -602,6 +631,25 @@ impl Journal for JetStreamJournal {
     }
 
     fn recover(&self) -> Result<Recovered, JournalError> {
+        // Where following other nodes' appends starts: everything after
+        // this is read again by the follower, and skipped where known.
+        let inner = self.inner.clone();
+        let last = self.block(async move {
+            let mut stream = inner
+                .nats
+                .js
+                .get_stream(STREAM)
+                .await
+                .map_err(|e| unavailable("read the journal stream", e))?;
+            let info = stream
+                .info()
+                .await
+                .map_err(|e| unavailable("read the journal stream", e))?;
+            Ok(info.state.last_sequence)
+        })?;
+        self.inner
+            .follow_from
+            .store(last, std::sync::atomic::Ordering::Relaxed);
         let inner = self.inner.clone();
         let (mut recovered, chans) = self.block(async move { inner.nats.recover().await })?;
         let inner = self.inner.clone();
@@ -621,17 +669,37 @@ impl Journal for JetStreamJournal {
                 map.insert(uri, c);
             }
         }
-        // Every stored channel becomes this node's: a lease and a fence
-        // each (one node serves a cluster's channels for now).
+        // A session nobody runs becomes this node's, with its chats (a
+        // lease and a fence each); one another live node runs is followed.
         let me = self.clone();
-        let uris: Vec<ChannelUri> = recovered
+        let channels: Vec<(ChannelUri, Option<ChannelUri>)> = recovered
             .channels
             .iter()
-            .map(|c| c.info.uri.clone())
+            .map(|c| (c.info.uri.clone(), c.info.session.clone()))
             .collect();
         self.block(async move {
-            for uri in uris {
-                me.own(&uri).await?;
+            let stored: std::collections::HashSet<ChannelUri> =
+                channels.iter().map(|(u, _)| u.clone()).collect();
+            let mut mine = std::collections::HashSet::new();
+            for (uri, session) in channels {
+                // A chat goes with its session (one whose session is not
+                // stored is taken like a session).
+                let ours = session
+                    .as_ref()
+                    .is_none_or(|s| mine.contains(s) || !stored.contains(s));
+                if ours {
+                    match me.own(&uri).await {
+                        Ok(()) => {
+                            mine.insert(uri);
+                            continue;
+                        }
+                        Err(JournalError::Fenced { reason, .. }) => {
+                            tracing::info!(channel = %uri, %reason, "followed: another node runs it");
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                me.inner.followed.lock().insert(uri);
             }
             Ok(())
         })?;
@@ -709,6 +777,10 @@ impl Journal for JetStreamJournal {
             "nats": if self.connected() { "connected" } else { "disconnected: writes are refused until it is back" },
             "channelsOwned": self.owned(),
         }))
+    }
+
+    fn cluster(&self) -> Option<Arc<dyn super::ClusterLink>> {
+        Some(Arc::new(self.clone()))
     }
 
     fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {

@@ -15,6 +15,9 @@ pub(super) struct BatchMsg<'a> {
     pub(super) turns: Vec<TurnMsg<'a>>,
     #[serde(default, rename = "truncateTurnsFrom")]
     pub(super) truncate_turns_from: Option<u64>,
+    /// Who dispatched each record (empty when none was a client's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) origins: Vec<Option<ahp_types::actions::ActionOrigin>>,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -44,6 +44,7 @@ async fn appends_survive_reopen_with_snapshot_compaction() {
                     at_seq: JournalPos::new(3),
                     state: "S".into(),
                 }),
+                origins: Vec::new(),
             },
         )
         .await
@@ -144,6 +145,7 @@ fn full_batch(records: &[&str], turn_index: u64) -> Batch {
             at_seq: JournalPos::new(99),
             state: "refused snapshot".into(),
         }),
+        origins: Vec::new(),
     }
 }
 

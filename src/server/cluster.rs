@@ -1,0 +1,199 @@
+//! A cluster node's part in the cluster ([`crate::store::cluster`]): its
+//! channels hear what other nodes append, create and dispose; requests
+//! other nodes forward are handed to the channels this node owns; and the
+//! sessions of a node that went away are taken over.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahp_types::ROOT_RESOURCE_URI;
+
+use crate::channels::context::Shared;
+use crate::channels::forward::{ForwardReply, ForwardRequest};
+use crate::channels::ChannelAddr;
+use crate::ids::ChannelUri;
+use crate::store::cluster::{ClusterEvent, LinkFuture};
+use crate::store::ChannelKind;
+
+/// Join the cluster: follow it, answer it, and watch for owners that went
+/// away. Nothing for a single node.
+pub fn join(shared: &Arc<Shared>, root: &ChannelAddr) {
+    let Some(link) = shared.cluster.clone() else {
+        return;
+    };
+    let s = shared.clone();
+    let r = root.clone();
+    link.serve(Arc::new(move |body: Vec<u8>| answer(&s, &r, &body)));
+    let s = shared.clone();
+    let r = root.clone();
+    link.follow(Arc::new(move |event| heard(&s, &r, event)));
+    actix::spawn(take_over_orphans(shared.clone()));
+}
+
+/// What another node did, for this node's channels.
+fn heard(shared: &Arc<Shared>, root: &ChannelAddr, event: ClusterEvent) {
+    match event {
+        ClusterEvent::Appended(r) => {
+            if let Some(c) = shared.registry.get(&r.channel) {
+                c.addr.replicate(r);
+            }
+            // Not here yet: its adoption reads it from the store.
+        }
+        ClusterEvent::ChannelAdded(uri) => {
+            if !shared.registry.contains(&uri) {
+                adopt(shared.clone(), root.clone(), uri, 20);
+            }
+        }
+        ClusterEvent::ChannelRemoved(uri) => {
+            let Some(c) = shared.registry.get(&uri) else {
+                return;
+            };
+            if c.addr.is_chat() {
+                if let Some(session) = c.session.and_then(|s| shared.registry.get(&s)) {
+                    session.addr.forget(uri);
+                }
+            } else {
+                root.forget(uri);
+            }
+        }
+    }
+}
+
+/// Start this node's copy of a channel another node created, from the
+/// store; a chat whose session is not here yet waits for it a little.
+/// (Runs on the link's runtime, where cluster events arrive.)
+fn adopt(shared: Arc<Shared>, root: ChannelAddr, uri: ChannelUri, tries: u32) {
+    tokio::spawn(async move {
+        let journal = shared.journal.clone();
+        let u = uri.clone();
+        let loaded = tokio::task::spawn_blocking(move || journal.load_channel(&u)).await;
+        let c = match loaded {
+            Ok(Ok(Some(c))) => c,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => {
+                tracing::warn!(channel = %uri, error = %e, "a channel another node created cannot be read yet");
+                return;
+            }
+            Err(_) => return,
+        };
+        match c.info.kind {
+            ChannelKind::Session => root.adopt_session(c),
+            ChannelKind::Chat => {
+                let session = c.info.session.clone().and_then(|s| shared.registry.get(&s));
+                match session {
+                    Some(s) => s.addr.adopt_chat(c),
+                    None if tries > 0 => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        adopt(shared, root, uri, tries - 1);
+                    }
+                    None => {
+                        tracing::warn!(chat = %uri, "a chat whose session is unknown here was not adopted")
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// A request another node forwarded: handed to the channel now (so
+/// requests keep their order), answered when done.
+fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<Vec<u8>> {
+    let ready =
+        |r: ForwardReply| -> LinkFuture<Vec<u8>> { Box::pin(std::future::ready(r.encode())) };
+    let request = match ForwardRequest::decode(body) {
+        Ok(r) => r,
+        Err(message) => {
+            return ready(ForwardReply::Failed {
+                code: crate::protocol::errors::INVALID_REQUEST,
+                message,
+            })
+        }
+    };
+    let channel = match &request {
+        ForwardRequest::Dispatch { channel, .. } => channel.clone(),
+        ForwardRequest::CreateChat { session, .. }
+        | ForwardRequest::DisposeChat { session, .. }
+        | ForwardRequest::DisposeSession { session } => session.clone(),
+    };
+    let Some(target) = shared.registry.get(&channel) else {
+        return ready(ForwardReply::NotOwner);
+    };
+    if shared.follows(&target.uri) {
+        return ready(ForwardReply::NotOwner);
+    }
+    match request {
+        ForwardRequest::Dispatch {
+            origin,
+            action,
+            as_agent,
+            ..
+        } => {
+            let done =
+                target
+                    .addr
+                    .dispatch_forwarded(origin, ForwardRequest::action(action), as_agent);
+            Box::pin(async move {
+                match done.await {
+                    Ok(()) => ForwardReply::Done,
+                    Err(reason) => ForwardReply::Rejected { reason },
+                }
+                .encode()
+            })
+        }
+        ForwardRequest::CreateChat { chat, .. } => match target.addr.create_chat(chat.into()) {
+            Some(done) => Box::pin(async move { ForwardReply::of(done.await).encode() }),
+            None => ready(ForwardReply::NotOwner),
+        },
+        ForwardRequest::DisposeChat { chat, .. } => match target.addr.remove_chat(chat.into()) {
+            Some(done) => Box::pin(async move { ForwardReply::of(done.await).encode() }),
+            None => ready(ForwardReply::NotOwner),
+        },
+        ForwardRequest::DisposeSession { session } => {
+            let done = root.dispose_session(session.into());
+            Box::pin(async move { ForwardReply::of(done.await).encode() })
+        }
+    }
+}
+
+/// Every few seconds: the sessions this node follows whose owner's lease
+/// ran out are taken over, with their chats, and run here from now on.
+async fn take_over_orphans(shared: Arc<Shared>) {
+    let Some(link) = shared.cluster.clone() else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(link.watch_every()).await;
+        let all = shared.registry.all();
+        let followed: Vec<ChannelUri> = all
+            .iter()
+            .filter(|c| !c.addr.is_chat() && c.uri.as_str() != ROOT_RESOURCE_URI)
+            .filter(|c| shared.follows(&c.uri))
+            .map(|c| c.uri.clone())
+            .collect();
+        if followed.is_empty() {
+            continue;
+        }
+        for session in link.orphans(followed).await {
+            let mut channels = vec![session.clone()];
+            channels.extend(
+                all.iter()
+                    .filter(|c| c.addr.is_chat() && c.session.as_ref() == Some(&session))
+                    .map(|c| c.uri.clone()),
+            );
+            match link.take_over(channels.clone()).await {
+                Ok(true) => {
+                    tracing::warn!(session = %session, chats = channels.len() - 1, "its node went away: this node runs the session now");
+                    // The session first, so its chats' reports find it
+                    // writable.
+                    for uri in &channels {
+                        if let Some(c) = shared.registry.get(uri) {
+                            c.addr.promote();
+                        }
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(session = %session, error = %e, "take-over failed"),
+            }
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! The node's link to the rest of the cluster ([`ClusterLink`]): following
+//! the batches other nodes append (one ordered consumer on the whole
+//! journal stream) and the channels they create or dispose (a watch on
+//! `tandem_channels`), forwarding requests to a channel's owner and
+//! answering those forwarded here (core NATS request/reply on
+//! `tandem.node.<node>`), and taking over the channels of a node that
+//! went away.
+//!
+//! Forwarded requests leave in the order they were made (one task sends
+//! them all) and the owner hands them to its channels in the order they
+//! arrive, so one client's actions keep their order across the hop.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
+use async_nats::jetstream::kv;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+
+use super::wire::BatchMsg;
+use super::{
+    lease, Inner, JetStreamJournal, FENCE_HEADER, NODE_HEADER, POS_HEADER, SUBJECT_PREFIX,
+};
+use crate::ids::{ChannelUri, JournalPos};
+use crate::store::cluster::{ClusterEvent, ClusterLink, ForwardHandler, LinkFuture, Replicated};
+use crate::store::{JournalError, Record};
+
+/// Subject prefix of the requests forwarded to a node: `tandem.node.<node>`.
+pub const NODE_PREFIX: &str = "tandem.node";
+/// How long a forwarded request waits for its owner's answer.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a channel's owner, once looked up, is trusted.
+const OWNER_TTL: Duration = Duration::from_secs(1);
+
+/// A request on its way to a channel's owner.
+pub(super) struct Outgoing {
+    channel: ChannelUri,
+    body: Vec<u8>,
+    done: oneshot::Sender<Result<Vec<u8>, String>>,
+}
+
+/// What the node knows of who runs the channels it follows.
+#[derive(Default)]
+pub(super) struct Owners {
+    known: HashMap<ChannelUri, (String, Instant)>,
+}
+
+fn unhex(token: &str) -> Option<ChannelUri> {
+    if token.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&token[i..i + 2], 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok().map(ChannelUri::from)
+}
+
+impl JetStreamJournal {
+    /// Apply one message of the journal stream to what this node knows,
+    /// and say what the node's channels must hear of it.
+    fn on_journal_message(
+        &self,
+        subject: &str,
+        seq: u64,
+        headers: Option<&async_nats::HeaderMap>,
+        payload: &[u8],
+    ) -> Option<Replicated> {
+        let uri = unhex(subject.strip_prefix(SUBJECT_PREFIX)?.strip_prefix('.')?)?;
+        let header = |name: &str| {
+            headers
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+        };
+        let writer = header(NODE_HEADER).or_else(|| header(FENCE_HEADER))?;
+        let me = writer == self.inner.node;
+        let pos = header(POS_HEADER).and_then(|p| p.parse::<u64>().ok());
+        let batch = match pos {
+            Some(_) => match serde_json::from_slice::<BatchMsg>(payload) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    tracing::error!(channel = %uri, seq, error = %e, "a journal batch does not decode");
+                    return None;
+                }
+            },
+            None => None,
+        };
+        let mut chans = self.inner.chans.lock();
+        let c = chans.entry(uri.clone()).or_default();
+        if me && self.inner.owned.lock().contains_key(&uri) {
+            return None; // our own append, already applied
+        }
+        if !me && self.inner.owned.lock().remove(&uri).is_some() {
+            // Another node wrote a channel this node held: it took it over.
+            c.fenced = Some(format!("node `{writer}` took the channel over"));
+            self.inner.followed.lock().insert(uri.clone());
+        }
+        if seq <= c.last_seq {
+            return None;
+        }
+        c.last_seq = seq;
+        let (pos, batch) = (pos?, batch?);
+        let n = batch.records.len() as u64;
+        c.len = c.len.max(pos + n);
+        c.projected = c.projected.max(c.len);
+        if let Some(from) = batch.truncate_turns_from {
+            c.turns = c.turns.min(from);
+        }
+        for t in &batch.turns {
+            c.turns = c.turns.max(t.index + 1);
+        }
+        drop(chans);
+        Some(Replicated {
+            channel: uri,
+            writer,
+            pos: JournalPos::new(pos),
+            records: batch
+                .records
+                .iter()
+                .map(|r| Record::from(r.get()))
+                .collect(),
+            origins: batch.origins,
+        })
+    }
+
+    /// Follow the journal stream from where recovery read it, for ever
+    /// (an ordered consumer; made again after an error).
+    async fn follow_journal(self, sink: Arc<dyn Fn(ClusterEvent) + Send + Sync>) {
+        let mut from = self.inner.follow_from.load(Ordering::Relaxed) + 1;
+        loop {
+            let consumer = self
+                .inner
+                .nats
+                .stream
+                .create_consumer(OrderedConfig {
+                    filter_subject: format!("{SUBJECT_PREFIX}.>"),
+                    deliver_policy: DeliverPolicy::ByStartSequence {
+                        start_sequence: from,
+                    },
+                    ..Default::default()
+                })
+                .await;
+            let messages = match consumer {
+                Ok(c) => c.messages().await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let mut messages = match messages {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot follow the journal yet; trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            while let Some(m) = messages.next().await {
+                let m = match m {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "following the journal was interrupted");
+                        break;
+                    }
+                };
+                let Ok(seq) = m.info().map(|i| i.stream_sequence) else {
+                    continue;
+                };
+                from = seq + 1;
+                if let Some(r) =
+                    self.on_journal_message(m.subject.as_str(), seq, m.headers.as_ref(), &m.payload)
+                {
+                    sink(ClusterEvent::Appended(r));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Watch the channel records: channels other nodes create or dispose.
+    async fn follow_channels(self, sink: Arc<dyn Fn(ClusterEvent) + Send + Sync>) {
+        loop {
+            let mut watch = match self.inner.nats.channels.watch_with_history(">").await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch the channel records yet; trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            while let Some(entry) = watch.next().await {
+                let Ok(entry) = entry else { break };
+                let Some(uri) = unhex(&entry.key) else {
+                    continue;
+                };
+                if self.inner.owned.lock().contains_key(&uri) {
+                    continue; // this node's own
+                }
+                match entry.operation {
+                    kv::Operation::Put => {
+                        self.inner.followed.lock().insert(uri.clone());
+                        sink(ClusterEvent::ChannelAdded(uri));
+                    }
+                    kv::Operation::Delete | kv::Operation::Purge => {
+                        sink(ClusterEvent::ChannelRemoved(uri))
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The node that owns `channel`, as its lease says (looked up again
+    /// after [`OWNER_TTL`]).
+    async fn owner_of(&self, channel: &ChannelUri) -> Result<Option<String>, String> {
+        if let Some((node, at)) = self.inner.owners.lock().known.get(channel) {
+            if at.elapsed() < OWNER_TTL {
+                return Ok(Some(node.clone()));
+            }
+        }
+        let holder = self
+            .leases()
+            .holder(channel.as_str())
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(node) = &holder {
+            self.inner
+                .owners
+                .lock()
+                .known
+                .insert(channel.clone(), (node.clone(), Instant::now()));
+        }
+        Ok(holder)
+    }
+
+    /// Send forwarded requests one after the other (their order is the
+    /// order they were made); answers come back on this node's inbox.
+    pub(super) async fn send_forwarded(self, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
+        let client = self.inner.client.clone();
+        let inbox = client.new_inbox();
+        let waiting: Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, String>>>>> =
+            Arc::default();
+        match client.subscribe(format!("{inbox}.*")).await {
+            Ok(mut answers) => {
+                let waiting = waiting.clone();
+                tokio::spawn(async move {
+                    while let Some(m) = answers.next().await {
+                        let id = m.subject.rsplit('.').next().and_then(|s| s.parse().ok());
+                        if let Some(done) = id.and_then(|id: u64| waiting.lock().remove(&id)) {
+                            let _ = done.send(Ok(m.payload.to_vec()));
+                        }
+                    }
+                });
+            }
+            Err(e) => tracing::error!(error = %e, "no inbox for forwarded requests"),
+        }
+        let next = AtomicU64::new(1);
+        while let Some(out) = rx.recv().await {
+            let owner = match self.owner_of(&out.channel).await {
+                Ok(Some(node)) if node != self.inner.node => node,
+                Ok(Some(_)) => {
+                    let _ = out.done.send(Err(format!(
+                        "`{}` is changing hands to this node; try again",
+                        out.channel
+                    )));
+                    continue;
+                }
+                Ok(None) => {
+                    let _ = out.done.send(Err(format!(
+                        "no node runs `{}` now: its node went away, and another takes it over within {} s",
+                        out.channel,
+                        self.inner.lease.as_secs()
+                    )));
+                    continue;
+                }
+                Err(e) => {
+                    let _ = out.done.send(Err(e));
+                    continue;
+                }
+            };
+            let id = next.fetch_add(1, Ordering::Relaxed);
+            waiting.lock().insert(id, out.done);
+            let sent = client
+                .publish_with_reply(
+                    format!("{NODE_PREFIX}.{owner}"),
+                    format!("{inbox}.{id}"),
+                    Bytes::from(out.body),
+                )
+                .await;
+            if let Err(e) = sent {
+                if let Some(done) = waiting.lock().remove(&id) {
+                    let _ = done.send(Err(format!("cannot reach node `{owner}`: {e}")));
+                }
+                continue;
+            }
+            let waiting = waiting.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(FORWARD_TIMEOUT).await;
+                if let Some(done) = waiting.lock().remove(&id) {
+                    let _ = done.send(Err(format!(
+                        "node `{owner}` did not answer within {} s",
+                        FORWARD_TIMEOUT.as_secs()
+                    )));
+                }
+            });
+        }
+    }
+}
+
+impl Inner {
+    /// The forwarded-request sender, started on first use.
+    fn forwarder(self: &Arc<Self>) -> mpsc::UnboundedSender<Outgoing> {
+        let mut slot = self.forward_tx.lock();
+        if let Some(tx) = slot.as_ref() {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let journal = JetStreamJournal {
+            inner: self.clone(),
+        };
+        self.rt.spawn(journal.send_forwarded(rx));
+        *slot = Some(tx.clone());
+        tx
+    }
+}
+
+impl ClusterLink for JetStreamJournal {
+    fn node(&self) -> &str {
+        &self.inner.node
+    }
+
+    fn owns(&self, channel: &ChannelUri) -> bool {
+        let fenced = self
+            .inner
+            .chans
+            .lock()
+            .get(channel)
+            .is_some_and(|c| c.fenced.is_some());
+        !fenced && !self.inner.followed.lock().contains(channel)
+    }
+
+    fn follows(&self, channel: &ChannelUri) {
+        if !self.inner.owned.lock().contains_key(channel) {
+            self.inner.followed.lock().insert(channel.clone());
+        }
+    }
+
+    fn follow(&self, sink: Arc<dyn Fn(ClusterEvent) + Send + Sync>) {
+        self.inner
+            .rt
+            .spawn(self.clone().follow_journal(sink.clone()));
+        self.inner.rt.spawn(self.clone().follow_channels(sink));
+    }
+
+    fn forward(&self, channel: &ChannelUri, body: Vec<u8>) -> LinkFuture<Result<Vec<u8>, String>> {
+        let (done, answer) = oneshot::channel();
+        let sent = self.inner.forwarder().send(Outgoing {
+            channel: channel.clone(),
+            body,
+            done,
+        });
+        Box::pin(async move {
+            sent.map_err(|_| "the cluster link stopped".to_owned())?;
+            answer
+                .await
+                .unwrap_or_else(|_| Err("the cluster link stopped".to_owned()))
+        })
+    }
+
+    fn serve(&self, handler: ForwardHandler) {
+        let client = self.inner.client.clone();
+        let subject = format!("{NODE_PREFIX}.{}", self.inner.node);
+        self.inner.rt.spawn(async move {
+            let mut requests = match client.subscribe(subject.clone()).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, subject, "cannot answer forwarded requests");
+                    return;
+                }
+            };
+            while let Some(m) = requests.next().await {
+                let Some(reply) = m.reply.clone() else {
+                    continue;
+                };
+                // Handed to the channel now, in arrival order; answered
+                // when done.
+                let answer = handler(m.payload.to_vec());
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let body = answer.await;
+                    if let Err(e) = client.publish(reply, Bytes::from(body)).await {
+                        tracing::warn!(error = %e, "a forwarded request's answer was not sent");
+                    }
+                });
+            }
+        });
+    }
+
+    fn orphans(&self, channels: Vec<ChannelUri>) -> LinkFuture<Vec<ChannelUri>> {
+        let leases = self.leases();
+        let rt = self.inner.rt.clone();
+        Box::pin(async move {
+            rt.spawn(async move {
+                let mut gone = Vec::new();
+                for c in channels {
+                    if let Ok(None) = leases.holder(c.as_str()).await {
+                        gone.push(c);
+                    }
+                }
+                gone
+            })
+            .await
+            .unwrap_or_default()
+        })
+    }
+
+    fn take_over(&self, channels: Vec<ChannelUri>) -> LinkFuture<Result<bool, JournalError>> {
+        let me = self.clone();
+        let rt = self.inner.rt.clone();
+        Box::pin(async move {
+            rt.spawn(async move {
+                let leases = me.leases();
+                let mut taken = Vec::new();
+                let mut ok = true;
+                for c in &channels {
+                    match leases.acquire_here(c.to_string()).await {
+                        Ok(l) => taken.push(l),
+                        Err(lease::LeaseError::Store(e)) => {
+                            for l in &taken {
+                                leases.release(l).await;
+                            }
+                            return Err(e);
+                        }
+                        Err(_) => {
+                            ok = false;
+                            break;
+                        }
+                    }
+                }
+                if ok {
+                    for c in &channels {
+                        if let Err(e) = me.fence(c).await {
+                            tracing::info!(channel = %c, error = %e, "not taken over yet");
+                            ok = false;
+                            break;
+                        }
+                    }
+                }
+                if !ok {
+                    for l in &taken {
+                        leases.release(l).await;
+                    }
+                    return Ok(false);
+                }
+                let mut owned = me.inner.owned.lock();
+                let mut followed = me.inner.followed.lock();
+                for l in taken {
+                    followed.remove(l.channel.as_str());
+                    owned.insert(ChannelUri::from(l.channel.as_str()), l);
+                }
+                Ok(true)
+            })
+            .await
+            .map_err(|e| JournalError::Unavailable(format!("take-over task: {e}")))?
+        })
+    }
+
+    fn watch_every(&self) -> Duration {
+        self.inner.lease / 3
+    }
+}
