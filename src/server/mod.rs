@@ -224,13 +224,16 @@ where
                     .map_err(|e| anyhow::anyhow!("{e}"))
                     .context("reading the store")?;
                 providers.restore_owners(std::mem::take(&mut recovered.provider_owners));
-                let shared = Arc::new(Shared::new(
-                    config.clone(),
-                    journal,
-                    providers.clone(),
-                    arbiters.iter().map(Arbiter::handle).collect(),
-                    recovered.seq_floor,
-                ));
+                let shared = Arc::new(
+                    Shared::new(
+                        config.clone(),
+                        journal,
+                        providers.clone(),
+                        arbiters.iter().map(Arbiter::handle).collect(),
+                        recovered.seq_floor,
+                    )
+                    .context("starting the serverSeq numbering")?,
+                );
                 let (root, stats) = ChannelAddr::start_root(&shared, recovered)
                     .await
                     .map_err(|e| anyhow::anyhow!("{e}"))
