@@ -15,7 +15,7 @@ use actix::prelude::*;
 use super::agent::AgentDirectory;
 use super::registry::Registry;
 use crate::config::Config;
-use crate::publish::{Publisher, ServerSeq};
+use crate::publish::{Publisher, SeqRefused, ServerSeq};
 use crate::store::{ClusterLink, Journal};
 
 /// Application context handed to every actor and connection.
@@ -42,22 +42,32 @@ pub struct Shared {
 
 impl Shared {
     /// Assemble the context. `arbiters` are the threads actors are spread
-    /// on; `start_seq` is the first `serverSeq` the store allows.
+    /// on; `start_seq` is the stored `serverSeq` floor. On a cluster journal
+    /// the publisher starts on a fresh block (the floor may be another
+    /// node's last number); refused if the store cannot reserve one.
     pub fn new(
         config: Config,
         journal: Arc<dyn Journal>,
         providers: Arc<dyn AgentDirectory>,
         arbiters: Vec<ArbiterHandle>,
         start_seq: ServerSeq,
-    ) -> Self {
+    ) -> Result<Self, SeqRefused> {
         let reserving = journal.clone();
-        Self {
-            publisher: Publisher::with_reserver(
-                start_seq,
-                config.replay_ring_len,
-                config.replay_ring_bytes,
-                Box::new(move |upto| reserving.reserve_seq(upto).map_err(|e| e.to_string())),
-            ),
+        let publisher = Publisher::with_reserver(
+            start_seq,
+            config.replay_ring_len,
+            config.replay_ring_bytes,
+            Box::new(move |next, count| {
+                reserving
+                    .reserve_seq(next, count)
+                    .map_err(|e| e.to_string())
+            }),
+        );
+        if journal.shared_seq() {
+            publisher.fresh_block()?;
+        }
+        Ok(Self {
+            publisher,
             config,
             registry: Registry::default(),
             journal,
@@ -65,7 +75,7 @@ impl Shared {
             cluster: None,
             arbiters,
             next_arbiter: AtomicUsize::new(0),
-        }
+        })
     }
 
     /// A cluster node's context: channels other nodes own are followed.

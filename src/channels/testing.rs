@@ -142,8 +142,8 @@ impl Journal for TestJournal {
         self.inner.turns_before(chat, before, limit)
     }
 
-    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
-        self.inner.reserve_seq(upto)
+    fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {
+        self.inner.reserve_seq(next, count)
     }
 
     fn recover(&self) -> Result<Recovered, JournalError> {
@@ -221,13 +221,16 @@ impl AgentDirectory for TestAgents {
 
 /// The server context over `journal` and `agents`, default config.
 pub fn shared(journal: Arc<dyn Journal>, agents: Arc<dyn AgentDirectory>) -> Arc<Shared> {
-    Arc::new(Shared::new(
-        crate::Config::default(),
-        journal,
-        agents,
-        Vec::new(),
-        ServerSeq::ZERO,
-    ))
+    Arc::new(
+        Shared::new(
+            crate::Config::default(),
+            journal,
+            agents,
+            Vec::new(),
+            ServerSeq::ZERO,
+        )
+        .expect("a test store reserves serverSeq"),
+    )
 }
 
 /// Start and register the root channel, with a connection subscribed to it

@@ -7,7 +7,19 @@
 //! every subscriber's [`Outbound`] queue. Pushing never awaits a socket, so the
 //! section stays short; each connection's socket takes its queue in the order
 //! the frames were pushed, which is `serverSeq` order.
+//!
+//! `serverSeq` is one node's numbering, not the cluster's: numbers strictly
+//! increase on each node (so on each connection), with gaps. Every node
+//! draws its numbers in blocks from one cluster-wide floor in the store
+//! ([`crate::store::Journal::reserve_seq`]); a block is granted to one node
+//! only, and when another node took numbers in between, a node jumps to
+//! its new block ([`numbering`] says how). A `reconnect` is replayed only
+//! when its `lastSeenServerSeq` is a number this node handed out and the
+//! ring still holds everything this node published after it; a client
+//! that comes from another node gets snapshots. A single node numbers
+//! contiguously, as if alone in a cluster.
 
+mod numbering;
 pub mod outbound;
 
 use std::collections::VecDeque;
@@ -19,6 +31,8 @@ use parking_lot::Mutex;
 
 use crate::ids::ChannelUri;
 pub use crate::ids::{ConnId, ServerSeq};
+use numbering::Numbering;
+pub use numbering::{Reserver, SeqRefused};
 pub use outbound::{Outbound, Push};
 
 /// The subscribers of one channel. Shared between the channel's actor (which
@@ -86,27 +100,15 @@ struct RingEntry {
 /// above the reservation, so the counter never goes backwards.
 const SEQ_BLOCK: u64 = 1 << 20;
 
-/// Durably records a reservation; the store's reason if it refused.
-pub type Reserver = Box<dyn Fn(ServerSeq) -> Result<(), String> + Send + Sync>;
-
-/// The store refused a `serverSeq` reservation: from then on no new number
-/// is handed out, so none can repeat after a restart.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("could not reserve serverSeq values in the store: {0}")]
-pub struct SeqRefused(pub String);
-
 struct SeqState {
-    /// Last assigned `serverSeq`.
-    seq: ServerSeq,
-    /// Highest `serverSeq` the store allows before the next reservation.
-    reserved: ServerSeq,
-    /// Numbers promised to journaled actions not yet published
-    /// ([`Publisher::claim`]); `seq + claimed <= reserved` always holds.
-    claimed: u64,
-    /// Set when a reservation failed; every later claim is refused.
-    failed: Option<SeqRefused>,
+    /// This node's `serverSeq` counter and the ranges it handed out.
+    numbers: Numbering,
     /// Most recent envelopes, oldest first, for `reconnect` replay.
     ring: VecDeque<RingEntry>,
+    /// Highest `serverSeq` this node published that the ring no longer
+    /// holds (evicted, too large to keep, or no ring): a reconnect from
+    /// before it would miss that envelope.
+    evicted: ServerSeq,
     /// Bytes of the envelopes in `ring`.
     ring_bytes: usize,
 }
@@ -135,7 +137,8 @@ pub enum Replay {
     /// Every envelope after `lastSeenServerSeq` on the requested channels.
     Envelopes(Vec<Arc<str>>),
     /// The ring no longer holds the gap, the gap is too big to replay, or
-    /// the client is from another epoch.
+    /// `lastSeenServerSeq` is not a number this node handed out (another
+    /// node's, or from before this node's start).
     TooOld,
 }
 
@@ -155,7 +158,12 @@ impl Publisher {
     /// Start counting after `start_seq` (the highest seq ever handed out, so the
     /// counter never goes backwards across restarts when the store remembers it).
     pub fn new(start_seq: ServerSeq, ring_len: usize) -> Self {
-        Self::with_reserver(start_seq, ring_len, usize::MAX, Box::new(|_| Ok(())))
+        Self::with_reserver(
+            start_seq,
+            ring_len,
+            usize::MAX,
+            Box::new(|next, _| Ok(next)),
+        )
     }
 
     /// A publisher that keeps at most `ring_len` envelopes and `ring_bytes`
@@ -169,11 +177,9 @@ impl Publisher {
     ) -> Self {
         Self {
             state: Mutex::new(SeqState {
-                seq: start_seq,
-                reserved: start_seq,
-                claimed: 0,
-                failed: None,
+                numbers: Numbering::new(start_seq, SEQ_BLOCK),
                 ring: VecDeque::with_capacity(ring_len.min(1 << 16)),
+                evicted: ServerSeq::ZERO,
                 ring_bytes: 0,
             }),
             ring_len,
@@ -187,9 +193,32 @@ impl Publisher {
         self.state.lock().ring_bytes
     }
 
-    /// The last assigned `serverSeq`.
+    /// Reserve `block` numbers at a time instead of [`SEQ_BLOCK`], so tests
+    /// can make several publishers' blocks interleave.
+    #[cfg(test)]
+    fn with_seq_block(
+        start_seq: ServerSeq,
+        ring_len: usize,
+        block: u64,
+        reserver: Reserver,
+    ) -> Self {
+        let p = Self::with_reserver(start_seq, ring_len, usize::MAX, reserver);
+        p.state.lock().numbers = Numbering::new(start_seq, block);
+        p
+    }
+
+    /// The last `serverSeq` this node assigned (or burnt as the marker of
+    /// a new block): what a snapshot taken now carries as `fromSeq`.
     pub fn current(&self) -> ServerSeq {
-        self.state.lock().seq
+        self.state.lock().numbers.current()
+    }
+
+    /// Move to the first number of a newly reserved block before anything
+    /// is handed out. A cluster node calls it at start: the floor it
+    /// starts from is shared, and may be the last number another node
+    /// handed out, so it must not become this node's first `fromSeq`.
+    pub fn fresh_block(&self) -> Result<(), SeqRefused> {
+        self.state.lock().numbers.fresh_block(&self.reserver)
     }
 
     /// Secure `n` numbers for actions about to be journaled, reserving a
@@ -198,41 +227,12 @@ impl Publisher {
     /// anything is stored; each claimed number is then used by one
     /// [`Publisher::publish`] or given back with [`Publisher::release`].
     pub fn claim(&self, n: u64) -> Result<(), SeqRefused> {
-        let mut st = self.state.lock();
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
-        }
-        let need = st.seq.plus(st.claimed + n);
-        self.reserve(&mut st, need)?;
-        st.claimed += n;
-        Ok(())
+        self.state.lock().numbers.claim(n, &self.reserver)
     }
 
     /// Give back claimed numbers whose actions were not stored.
     pub fn release(&self, n: u64) {
-        let mut st = self.state.lock();
-        st.claimed = st.claimed.saturating_sub(n);
-    }
-
-    /// Make sure the store allows numbers up to `need` (rare: once per
-    /// block, a short synchronous store write). A refusal is remembered.
-    fn reserve(&self, st: &mut SeqState, need: ServerSeq) -> Result<(), SeqRefused> {
-        if need <= st.reserved {
-            return Ok(());
-        }
-        let upto = need.plus(SEQ_BLOCK);
-        match (self.reserver)(upto) {
-            Ok(()) => {
-                st.reserved = upto;
-                Ok(())
-            }
-            Err(reason) => {
-                tracing::error!(%upto, %reason, "could not reserve serverSeq values in the store; writes stop");
-                let e = SeqRefused(reason);
-                st.failed = Some(e.clone());
-                Err(e)
-            }
-        }
+        self.state.lock().numbers.release(n);
     }
 
     /// Publish one journaled action with a number secured by
@@ -250,16 +250,21 @@ impl Publisher {
     ) -> ServerSeq {
         let text = Encoded::new(channel, origin);
         let mut st = self.state.lock();
-        if st.claimed == 0 {
-            // Nothing claimed (a caller outside the journal path): reserve
-            // now, and drop the action rather than use an unreserved number.
-            if self.unclaimed(&mut st).is_err() {
-                return st.seq;
-            }
-        } else {
-            st.claimed -= 1;
-        }
-        self.publish_locked(st, &text, channel, hub, action_json, origin_conn, false)
+        // Nothing claimed (a caller outside the journal path): reserve now,
+        // and drop the action rather than use an unreserved number.
+        let Ok(seq) = st.numbers.assign(true, &self.reserver) else {
+            return st.numbers.current();
+        };
+        self.publish_locked(
+            st,
+            seq,
+            &text,
+            channel,
+            hub,
+            action_json,
+            origin_conn,
+            false,
+        )
     }
 
     /// Publish an action that is not journaled (root's derived state):
@@ -277,24 +282,25 @@ impl Publisher {
     ) -> Option<ServerSeq> {
         let text = Encoded::new(channel, None);
         let mut st = self.state.lock();
-        self.unclaimed(&mut st).ok()?;
-        Some(self.publish_locked(st, &text, channel, hub, action_json, None, unscoped_only))
+        let seq = st.numbers.assign(false, &self.reserver).ok()?;
+        Some(self.publish_locked(
+            st,
+            seq,
+            &text,
+            channel,
+            hub,
+            action_json,
+            None,
+            unscoped_only,
+        ))
     }
 
-    /// Room for one number nobody claimed.
-    fn unclaimed(&self, st: &mut SeqState) -> Result<(), SeqRefused> {
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
-        }
-        let need = st.seq.plus(st.claimed + 1);
-        self.reserve(st, need)
-    }
-
-    /// Assign the next (reserved) seq and fan the envelope out, under the lock.
+    /// Fan the envelope numbered `seq` out and ring it, under the lock.
     #[allow(clippy::too_many_arguments)]
     fn publish_locked(
         &self,
         mut st: parking_lot::MutexGuard<'_, SeqState>,
+        seq: ServerSeq,
         text: &Encoded,
         channel: &ChannelUri,
         hub: &Hub,
@@ -306,9 +312,6 @@ impl Publisher {
             channel_json,
             origin_json,
         } = text;
-        st.seq = st.seq.next();
-        let seq = st.seq;
-        debug_assert!(seq <= st.reserved, "an unreserved serverSeq");
         let envelope: Arc<str> = format!(
             "{{\"channel\":{channel_json},\"action\":{action_json},\"serverSeq\":{seq}{origin_json}}}"
         )
@@ -340,6 +343,7 @@ impl Publisher {
                     break;
                 };
                 st.ring_bytes -= old.envelope.len();
+                st.evicted = old.seq;
             }
             st.ring_bytes += envelope.len();
             st.ring.push_back(RingEntry {
@@ -352,7 +356,10 @@ impl Publisher {
             // Too large to keep: nothing before it can be replayed either.
             st.ring.clear();
             st.ring_bytes = 0;
+            st.evicted = seq;
         }
+        let evicted = st.evicted;
+        st.numbers.prune(evicted);
         seq
     }
 
@@ -367,12 +374,14 @@ impl Publisher {
     ) -> R {
         let st = self.state.lock();
         hub.add(conn);
-        under_lock(st.seq)
+        under_lock(st.numbers.current())
     }
 
-    /// Replay for `reconnect`: if the ring covers everything after `last_seen`,
-    /// register `conn` on every hub and return the missed envelopes of those
-    /// channels, all under the lock so nothing falls between replay and live.
+    /// Replay for `reconnect`: if `last_seen` is a number this node handed
+    /// out and the ring covers everything it published after it, register
+    /// `conn` on every hub and return the missed envelopes of those
+    /// channels, all under the lock so nothing falls between replay and
+    /// live. A number from another node of the cluster gets snapshots.
     pub fn replay_and_subscribe(
         &self,
         last_seen: ServerSeq,
@@ -382,11 +391,7 @@ impl Publisher {
         under_lock: impl FnOnce(&[Arc<str>]),
     ) -> Replay {
         let st = self.state.lock();
-        let covered = last_seen <= st.seq
-            && match st.ring.front() {
-                Some(first) => first.seq <= last_seen.next(),
-                None => last_seen == st.seq,
-            };
+        let covered = st.numbers.handed_out(last_seen) && st.evicted <= last_seen;
         if !covered {
             return Replay::TooOld;
         }
@@ -434,177 +439,4 @@ pub fn rejection_frame(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
-    fn conn(limit: usize) -> Arc<Outbound> {
-        Arc::new(Outbound::new(limit))
-    }
-
-    #[test]
-    fn publish_assigns_increasing_seqs_and_echoes_origin_once() {
-        let p = Publisher::new(ServerSeq::ZERO, 16);
-        let hub = Hub::default();
-        let a = conn(1 << 20);
-        let b = conn(1 << 20);
-        hub.add(&a);
-        let ch = ChannelUri::from("ahp-chat:/x");
-        let origin = ActionOrigin {
-            client_id: "c".into(),
-            client_seq: 1,
-        };
-        assert_eq!(
-            p.publish(&ch, &hub, "{}", Some(&origin), Some(&a)),
-            ServerSeq::new(1)
-        );
-        assert_eq!(
-            p.publish(&ch, &hub, "{}", Some(&origin), Some(&b)),
-            ServerSeq::new(2)
-        );
-        assert_eq!(
-            a.drain_for_test().len(),
-            2,
-            "subscriber gets both, echo not doubled"
-        );
-        assert_eq!(
-            b.drain_for_test().len(),
-            1,
-            "non-subscribed sender gets its echo"
-        );
-        assert_eq!(a.last_seq(), ServerSeq::new(2));
-    }
-
-    #[test]
-    fn the_ring_is_bounded_in_bytes_and_falls_back_to_snapshots() {
-        let p = Publisher::with_reserver(ServerSeq::ZERO, 1000, 1000, Box::new(|_| Ok(())));
-        let hub = Arc::new(Hub::default());
-        let ch = ChannelUri::from("ahp-chat:/x");
-        let big = format!("\"{}\"", "x".repeat(300));
-        for _ in 0..10 {
-            p.publish(&ch, &hub, &big, None, None);
-        }
-        assert!(p.ring_bytes() <= 1000, "{} bytes kept", p.ring_bytes());
-        let chans = vec![(ch.clone(), hub.clone())];
-        let c = conn(1 << 20);
-        assert!(
-            matches!(
-                p.replay_and_subscribe(ServerSeq::new(5), &chans, &c, usize::MAX, |_| {}),
-                Replay::TooOld
-            ),
-            "what the byte bound dropped is answered with snapshots"
-        );
-        match p.replay_and_subscribe(ServerSeq::new(8), &chans, &c, usize::MAX, |_| {}) {
-            Replay::Envelopes(e) => assert_eq!(e.len(), 2),
-            Replay::TooOld => panic!("the newest envelopes are kept"),
-        }
-        let huge = format!("\"{}\"", "x".repeat(2000));
-        p.publish(&ch, &hub, &huge, None, None);
-        assert_eq!(p.ring_bytes(), 0, "an envelope over the bound is not kept");
-        assert!(matches!(
-            p.replay_and_subscribe(ServerSeq::new(10), &chans, &c, usize::MAX, |_| {}),
-            Replay::TooOld
-        ));
-        p.publish(&ch, &hub, "{}", None, None);
-        match p.replay_and_subscribe(ServerSeq::new(11), &chans, &c, usize::MAX, |_| {}) {
-            Replay::Envelopes(e) => assert_eq!(e.len(), 1),
-            Replay::TooOld => panic!("replay resumes after the large one"),
-        }
-    }
-
-    /// A publisher whose store refuses reservations while `refuse` is set,
-    /// recording the highest reservation it granted.
-    fn reserving(refuse: &Arc<AtomicBool>, granted: &Arc<AtomicU64>) -> Publisher {
-        let (refuse, granted) = (refuse.clone(), granted.clone());
-        Publisher::with_reserver(
-            ServerSeq::ZERO,
-            16,
-            usize::MAX,
-            Box::new(move |upto| {
-                if refuse.load(Ordering::SeqCst) {
-                    return Err("disk full".into());
-                }
-                granted.fetch_max(upto.get(), Ordering::SeqCst);
-                Ok(())
-            }),
-        )
-    }
-
-    #[test]
-    fn a_refused_reservation_hands_out_no_number_and_stays_refused() {
-        let refuse = Arc::new(AtomicBool::new(true));
-        let granted = Arc::new(AtomicU64::new(0));
-        let p = reserving(&refuse, &granted);
-        let hub = Hub::default();
-        let sub = conn(1 << 20);
-        hub.add(&sub);
-        let ch = ChannelUri::from("ahp-chat:/x");
-        let err = p.claim(1).expect_err("nothing reserved, nothing claimed");
-        assert!(err.to_string().contains("disk full"), "{err}");
-        assert_eq!(p.publish_unjournaled(&ch, &hub, "{}", false), None);
-        assert_eq!(p.publish_unjournaled(&ch, &hub, "{}", true), None);
-        assert_eq!(p.current(), ServerSeq::ZERO, "no number was handed out");
-        assert!(sub.drain_for_test().is_empty(), "nothing was published");
-        refuse.store(false, Ordering::SeqCst);
-        assert!(
-            p.claim(1).is_err(),
-            "writes stay stopped once a reservation failed"
-        );
-        assert_eq!(granted.load(Ordering::SeqCst), 0);
-    }
-
-    #[test]
-    fn claimed_numbers_are_reserved_before_they_are_used() {
-        let refuse = Arc::new(AtomicBool::new(false));
-        let granted = Arc::new(AtomicU64::new(0));
-        let p = reserving(&refuse, &granted);
-        let hub = Hub::default();
-        let ch = ChannelUri::from("ahp-chat:/x");
-        p.claim(3).expect("reserved");
-        let block = granted.load(Ordering::SeqCst);
-        assert!(block >= 3, "the claim is covered: {block}");
-        refuse.store(true, Ordering::SeqCst);
-        // Numbers claimed before the store failed are still safe to use.
-        for _ in 0..3 {
-            let seq = p.publish(&ch, &hub, "{}", None, None);
-            assert!(seq.get() <= block, "{seq} beyond the reservation {block}");
-        }
-        // Claims up to the reserved block need no store write...
-        p.claim(block - 3).expect("inside the reserved block");
-        // ...one past it does, and the store refuses.
-        assert!(p.claim(1).is_err());
-        p.release(block - 3);
-        assert!(p.claim(1).is_err(), "released or not, writes stay stopped");
-        assert_eq!(p.publish_unjournaled(&ch, &hub, "{}", false), None);
-        assert_eq!(p.current(), ServerSeq::new(3));
-    }
-
-    #[test]
-    fn replay_covers_only_what_the_ring_holds() {
-        let p = Publisher::new(ServerSeq::ZERO, 3);
-        let hub = Arc::new(Hub::default());
-        let ch = ChannelUri::from("ahp-chat:/x");
-        for _ in 0..5 {
-            p.publish(&ch, &hub, "{}", None, None);
-        }
-        let c = conn(1 << 20);
-        let chans = vec![(ch.clone(), hub.clone())];
-        assert!(matches!(
-            p.replay_and_subscribe(ServerSeq::new(1), &chans, &c, usize::MAX, |_| {}),
-            Replay::TooOld
-        ));
-        match p.replay_and_subscribe(ServerSeq::new(2), &chans, &c, usize::MAX, |_| {}) {
-            Replay::Envelopes(e) => assert_eq!(e.len(), 3),
-            Replay::TooOld => panic!("ring holds seqs 3..=5"),
-        }
-        assert!(hub.contains(c.id()));
-        assert!(matches!(
-            p.replay_and_subscribe(ServerSeq::new(9), &chans, &c, usize::MAX, |_| {}),
-            Replay::TooOld
-        ));
-        match p.replay_and_subscribe(ServerSeq::new(5), &chans, &c, usize::MAX, |_| {}) {
-            Replay::Envelopes(e) => assert!(e.is_empty()),
-            Replay::TooOld => panic!("nothing missed"),
-        }
-    }
-}
+mod tests;

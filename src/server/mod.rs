@@ -234,6 +234,7 @@ where
                         arbiters.iter().map(Arbiter::handle).collect(),
                         recovered.seq_floor,
                     )
+                    .context("starting the serverSeq numbering")?
                     .with_cluster(link),
                 );
                 let (root, stats) = ChannelAddr::start_root(&shared, recovered)

@@ -111,9 +111,10 @@ impl Journal for MemoryJournal {
             .collect())
     }
 
-    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
-        self.seq_floor.fetch_max(upto.get(), Ordering::SeqCst);
-        Ok(())
+    fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {
+        let last = next.get().saturating_add(count).saturating_sub(1);
+        self.seq_floor.fetch_max(last, Ordering::SeqCst);
+        Ok(next)
     }
 
     fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {

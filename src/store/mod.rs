@@ -221,9 +221,13 @@ pub trait Journal: Send + Sync + 'static {
     /// oldest first.
     fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage;
 
-    /// Durably record that `serverSeq` values up to `upto` may be handed out,
-    /// so a restart starts above them.
-    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError>;
+    /// Durably reserve a block of `count` `serverSeq` values for this node,
+    /// starting at `next` if no other node took numbers since: a restart
+    /// starts above every block reserved. Returns the block's first number:
+    /// `next` on a single node; on a cluster ([`Journal::shared_seq`]),
+    /// above every block granted to any node before, so a node's blocks
+    /// never overlap another's.
+    fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError>;
 
     /// Everything stored, for start-up.
     fn recover(&self) -> Result<Recovered, JournalError>;
@@ -264,5 +268,12 @@ pub trait Journal: Send + Sync + 'static {
     /// cluster's ([`cluster`]).
     fn cluster(&self) -> Option<Arc<dyn ClusterLink>> {
         None
+    }
+
+    /// Whether other nodes draw `serverSeq` blocks from the same floor (a
+    /// cluster journal): then the floor a node starts from may be another
+    /// node's last number, and the node starts on a fresh block.
+    fn shared_seq(&self) -> bool {
+        false
     }
 }

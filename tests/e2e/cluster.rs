@@ -4,7 +4,6 @@
 //! owns, a paused owner that lost its lease cannot append after a takeover,
 //! and losing NATS refuses writes until NATS is back.
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};

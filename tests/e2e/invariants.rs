@@ -71,8 +71,8 @@ impl Journal for GatedJournal {
             stored.await
         })
     }
-    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
-        self.inner.reserve_seq(upto)
+    fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {
+        self.inner.reserve_seq(next, count)
     }
 }
 
@@ -224,11 +224,11 @@ impl Journal for FailingJournal {
         }
         self.inner.append(channel, expected, batch)
     }
-    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
+    fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {
         if self.fail_reserve.load(Ordering::SeqCst) {
             return Err(JournalError::Unavailable("seq disk full".into()));
         }
-        self.inner.reserve_seq(upto)
+        self.inner.reserve_seq(next, count)
     }
 }
 

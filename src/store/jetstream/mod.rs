@@ -12,7 +12,7 @@
 //! | `tandem_snapshots` | key-value bucket | each channel's latest snapshot and where its tail starts in the stream |
 //! | `tandem_turns` | key-value bucket | ended turns by `<chat>.<index>`, for `fetchTurns` |
 //! | `tandem_providers` | key-value bucket | provider id → the token subject that first registered it (create-only) |
-//! | `tandem_nodes` | key-value bucket | the cluster's `serverSeq` floor (`seq`), raised with compare-and-set |
+//! | `tandem_nodes` | key-value bucket | the cluster's `serverSeq` floor (`seq`): each node numbers in blocks it raises the floor over with compare-and-set, so a reconnect to another node gets snapshots |
 //! | `tandem_leases` | key-value bucket, entries expire after the lease time | which node owns each channel ([`lease`]) |
 //!
 //! `<channel>` is the channel URI in lowercase hex, so any URI is a valid
@@ -580,13 +580,17 @@ impl Journal for JetStreamJournal {
         })
     }
 
-    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
+    /// One floor for the whole cluster (`seq` in [`NODES`]), raised with
+    /// compare-and-set: the block granted starts above the floor and above
+    /// `next - 1`, and the floor moves to its last number. A node alone in
+    /// the cluster is granted `next` (contiguous numbers); a node whose
+    /// numbers another node overtook is granted a block above them, and the
+    /// publisher jumps there, so no number is ever handed out by two nodes
+    /// and a client's `lastSeenServerSeq` from another node is never
+    /// mistaken for one of this node's (it gets snapshots).
+    fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {
         let inner = self.inner.clone();
         self.block(async move {
-            // One floor for the whole cluster, raised with compare-and-set:
-            // a node that takes over numbers above everything handed out
-            // before, so a client's `lastSeenServerSeq` from another node
-            // is never mistaken for one of this node's (it gets snapshots).
             for _ in 0..16 {
                 let entry = inner
                     .nats
@@ -599,10 +603,13 @@ impl Journal for JetStreamJournal {
                     .filter(|e| e.operation == kv::Operation::Put)
                     .and_then(|e| std::str::from_utf8(&e.value).ok()?.parse::<u64>().ok())
                     .unwrap_or(0);
-                if upto.get() <= current {
-                    return Ok(());
+                let base = current.max(next.get().saturating_sub(1));
+                let floor = base.saturating_add(count);
+                if floor == current {
+                    // Nothing to reserve (`count` 0 at the floor).
+                    return Ok(ServerSeq::new(base.saturating_add(1)));
                 }
-                let value = Bytes::from(upto.get().to_string());
+                let value = Bytes::from(floor.to_string());
                 let stored = match &entry {
                     Some(e) => inner
                         .nats
@@ -620,7 +627,7 @@ impl Journal for JetStreamJournal {
                         .map_err(|e| e.to_string()),
                 };
                 if stored.is_ok() {
-                    return Ok(());
+                    return Ok(ServerSeq::new(base.saturating_add(1)));
                 }
             }
             Err(unavailable(
@@ -628,6 +635,10 @@ impl Journal for JetStreamJournal {
                 "too many concurrent raises",
             ))
         })
+    }
+
+    fn shared_seq(&self) -> bool {
+        true
     }
 
     fn recover(&self) -> Result<Recovered, JournalError> {

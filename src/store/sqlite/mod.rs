@@ -111,6 +111,15 @@ impl SqliteJournal {
     fn send(&self, op: Op) -> bool {
         self.tx.lock().send(op).is_ok()
     }
+
+    /// Durably raise the stored `serverSeq` floor to `upto` (never lowers it).
+    fn raise_seq_floor(&self, upto: ServerSeq) -> Result<(), JournalError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        if !self.send(Op::Reserve(upto, tx)) {
+            return Err(closed());
+        }
+        rx.recv().unwrap_or_else(|_| Err(closed()))
+    }
 }
 
 fn closed() -> JournalError {
@@ -152,17 +161,15 @@ impl Journal for SqliteJournal {
         recovery::turns_before(&self.reader.lock(), chat, before, limit)
     }
 
-    fn reserve_seq(&self, upto: ServerSeq) -> Result<(), JournalError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        if !self.send(Op::Reserve(upto, tx)) {
-            return Err(closed());
-        }
-        rx.recv().unwrap_or_else(|_| Err(closed()))
+    fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {
+        let last = next.get().saturating_add(count).saturating_sub(1);
+        self.raise_seq_floor(ServerSeq::new(last))?;
+        Ok(next)
     }
 
     fn sync(&self) -> Result<(), JournalError> {
         // Ops are committed in order, so a no-op reservation is a barrier.
-        self.reserve_seq(ServerSeq::ZERO)
+        self.raise_seq_floor(ServerSeq::ZERO)
     }
 
     fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {

@@ -56,7 +56,11 @@ async fn appends_survive_reopen_with_snapshot_compaction() {
         )
         .await
         .expect("tail");
-        j.reserve_seq(ServerSeq::new(1000)).expect("reserve");
+        assert_eq!(
+            j.reserve_seq(ServerSeq::new(901), 100).expect("reserve"),
+            ServerSeq::new(901),
+            "a single node is granted what it asks"
+        );
         assert_eq!(j.len(&"ahp-chat:/a".into()), JournalPos::new(4));
     }
     let j = SqliteJournal::open(&dir, Durability::Full).expect("reopen");
@@ -77,7 +81,7 @@ async fn appends_survive_reopen_with_snapshot_compaction() {
         vec![Arc::<str>::from("turn0")]
     );
     j.remove(&"ahp-chat:/a".into());
-    j.reserve_seq(ServerSeq::new(1001))
+    j.reserve_seq(ServerSeq::new(1001), 1)
         .expect("barrier after remove");
     assert!(j.recover().expect("recover").channels.is_empty());
     let _ = std::fs::remove_dir_all(&dir);
