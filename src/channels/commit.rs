@@ -15,7 +15,7 @@ use ahp_types::actions::{ActionOrigin, StateAction};
 use ahp_types::state::{ChatState, RootState, SessionState};
 use tokio::sync::oneshot;
 
-use super::core::{Accepted, ChannelCore};
+use super::core::{Accepted, ChannelCore, Forwarded};
 use super::forward::{ForwardReply, ForwardRequest};
 use super::validate::{action_type, Rejection};
 use super::{ClientDispatch, Dispatcher};
@@ -280,18 +280,34 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
         }
         .encode();
         if let Dispatcher::Conn(c) = &conn {
-            // Bounded: a dispatch whose echo never came back (its owner
-            // went away) is not kept for ever.
+            // Bounded: dispatches whose echo never came back are not kept
+            // for ever.
             if core.forwarded.len() >= 4096 {
-                core.forwarded.clear();
+                core.forwarded.retain(|_, f| !f.answered);
             }
             let key = (origin.client_id.clone(), origin.client_seq);
-            core.forwarded.insert(key, c.clone());
+            core.forwarded.insert(
+                key,
+                Forwarded {
+                    conn: Some(c.clone()),
+                    answered: false,
+                },
+            );
         }
         let sent = link.forward(&core.uri, body);
         ctx.spawn(sent.into_actor(self).map(move |res, act, _| {
+            let key = (origin.client_id.clone(), origin.client_seq);
             let refused = match res.map(|b| ForwardReply::decode(&b)) {
-                Ok(ForwardReply::Done) => return,
+                Ok(ForwardReply::Done) => {
+                    let forwarded = &mut act.parts().0.forwarded;
+                    if let Some(f) = forwarded.get_mut(&key) {
+                        f.answered = true;
+                        if f.conn.is_none() {
+                            forwarded.remove(&key);
+                        }
+                    }
+                    return;
+                }
                 Ok(ForwardReply::Rejected { reason }) => reason,
                 Ok(ForwardReply::Failed { message, .. }) => message,
                 Ok(ForwardReply::NotOwner) => {
@@ -300,8 +316,15 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
                 Err(e) => e,
             };
             let core = act.parts().0;
-            core.forwarded
-                .remove(&(origin.client_id.clone(), origin.client_seq));
+            if core
+                .forwarded
+                .remove(&key)
+                .is_some_and(|f| f.conn.is_none())
+            {
+                // Its echo came back already: the owner stored it, then its
+                // answer was lost (it went away right after).
+                return;
+            }
             core.reject(&conn, &origin, &action, &refused);
         }));
     }

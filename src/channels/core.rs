@@ -46,6 +46,15 @@ impl Accepted {
     }
 }
 
+/// A client's action forwarded to the channel's owner, until both its
+/// echo (through this node's copy) and the owner's answer are back.
+pub struct Forwarded {
+    /// The dispatcher, until its echo takes it.
+    pub conn: Option<Arc<Outbound>>,
+    /// The owner answered that it published the action.
+    pub answered: bool,
+}
+
 /// A channel's identity and its path to subscribers.
 pub struct ChannelCore {
     /// Channel URI.
@@ -73,7 +82,7 @@ pub struct ChannelCore {
     /// Dispatchers on this node whose actions were forwarded to the owner,
     /// by origin: each gets its echo when the action comes back, even if
     /// not subscribed (as a dispatcher does from an owner).
-    pub forwarded: std::collections::HashMap<(String, i64), Arc<Outbound>>,
+    pub forwarded: std::collections::HashMap<(String, i64), Forwarded>,
     /// Records journaled since the last snapshot.
     since_snapshot: u64,
     /// `serverSeq` values claimed for journaled actions not yet published.
@@ -221,8 +230,15 @@ impl ChannelCore {
             tracing::error!(channel = %self.uri, error = %e, "no serverSeq for a replicated action");
             return None;
         }
-        let dispatcher =
-            origin.and_then(|o| self.forwarded.remove(&(o.client_id.clone(), o.client_seq)));
+        let dispatcher = origin.and_then(|o| {
+            let key = (o.client_id.clone(), o.client_seq);
+            let f = self.forwarded.get_mut(&key)?;
+            let conn = f.conn.take();
+            if f.answered {
+                self.forwarded.remove(&key);
+            }
+            conn
+        });
         Some(self.shared.publisher.publish(
             &self.uri,
             &self.hub,
@@ -282,7 +298,7 @@ impl ChannelCore {
             self.unreadable = Some(e.to_string());
             return;
         }
-        tracing::warn!(channel = %self.uri, actions = n, "a refused write was stored after all: published now");
+        tracing::warn!(channel = %self.uri, actions = n, "the store holds actions subscribers were not sent (a refused write stored after all, or batches a follower missed): published now");
         for record in &tail[tail.len() - n as usize..] {
             self.shared
                 .publisher

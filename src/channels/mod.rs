@@ -55,9 +55,10 @@ pub enum Dispatcher {
 /// The answer to a forwarded dispatch: `Ok` once published, or the
 /// rejection's reason. Answered once; later answers are dropped.
 #[derive(Clone)]
-pub struct ForwardedReply(
-    Arc<parking_lot::Mutex<Option<tokio::sync::oneshot::Sender<Result<(), String>>>>>,
-);
+pub struct ForwardedReply(Arc<parking_lot::Mutex<Option<ReplySender>>>);
+
+/// Where a forwarded dispatch's outcome goes.
+type ReplySender = tokio::sync::oneshot::Sender<Result<(), String>>;
 
 impl ForwardedReply {
     /// A reply and where its answer arrives.

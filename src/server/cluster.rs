@@ -170,8 +170,25 @@ async fn take_over_orphans(shared: Arc<Shared>) {
             .filter(|c| shared.follows(&c.uri))
             .map(|c| c.uri.clone())
             .collect();
-        if followed.is_empty() {
+        // A chat this node lost while it kept the chat's session (its lease
+        // ran out while NATS was away, and its last write is unaccounted
+        // for): taken back once nobody holds it.
+        let strays: Vec<ChannelUri> = all
+            .iter()
+            .filter(|c| c.addr.is_chat() && shared.follows(&c.uri))
+            .filter(|c| c.session.as_ref().is_some_and(|s| !shared.follows(s)))
+            .map(|c| c.uri.clone())
+            .collect();
+        if followed.is_empty() && strays.is_empty() {
             continue;
+        }
+        for chat in link.orphans(strays).await {
+            if let Ok(true) = link.take_over(vec![chat.clone()]).await {
+                tracing::warn!(chat = %chat, "this node runs the chat again");
+                if let Some(c) = shared.registry.get(&chat) {
+                    c.addr.promote();
+                }
+            }
         }
         for session in link.orphans(followed).await {
             let mut channels = vec![session.clone()];

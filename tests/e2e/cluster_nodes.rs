@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 
 use crate::common::nats::{node, NatsServer};
 use crate::common::{
-    action, eventually, open_request_id, temp_dir, ChatMirror, ServerProcess, TestClient,
+    action, eventually, healthz, open_request_id, temp_dir, turn_started, ChatMirror,
+    ServerProcess, TestClient,
 };
 
 /// Subscribe to `chat` on a node that may not have heard of it yet.
@@ -152,5 +153,209 @@ async fn clients_spread_over_three_nodes_answer_one_request_together() {
         .filter(|m| m.starts_with("settled: "))
         .count();
     assert_eq!(settled, 1, "{:?}", ma.state.turns.last());
-    let _ = Duration::ZERO;
+}
+
+/// What a writer saw: the texts of its turns that were accepted, how many
+/// were refused, its client and its mirror of the chat.
+struct Written {
+    accepted: Vec<String>,
+    refused: usize,
+    client: TestClient,
+    mirror: ChatMirror,
+}
+
+/// Start turns on `chat` one after the other for `run` (each waits for
+/// the previous to end: by the agent, or by the node that took the chat
+/// over); a refused start is tried again shortly.
+async fn write_turns(mut c: TestClient, chat: String, tag: String, run: Duration) -> Written {
+    let mut m = join_chat(&c, &chat).await;
+    let deadline = tokio::time::Instant::now() + run;
+    let (mut accepted, mut refused) = (Vec::new(), 0);
+    let mut i = 0;
+    while tokio::time::Instant::now() < deadline {
+        let text = format!("{tag}-{i}");
+        i += 1;
+        let seq = c
+            .dispatch(
+                &chat,
+                turn_started(&uuid::Uuid::new_v4().to_string(), &text),
+            )
+            .await;
+        let echo = c.wait_echo(Some(&mut m), seq).await;
+        if echo.rejection_reason.is_some() {
+            refused += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        accepted.push(text);
+        c.wait_state(&mut m, |s| s.active_turn.is_none()).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    Written {
+        accepted,
+        refused,
+        client: c,
+        mirror: m,
+    }
+}
+
+/// The user messages of every turn of `state`.
+fn messages(state: &ChatState) -> Vec<String> {
+    state
+        .turns
+        .iter()
+        .map(|t| t.message.text.clone())
+        .chain(state.active_turn.iter().map(|t| t.message.text.clone()))
+        .collect()
+}
+
+/// Every accepted turn is in `state`, once, in the writer's order.
+fn assert_all_kept(state: &ChatState, w: &Written) {
+    let msgs = messages(state);
+    let kept: Vec<&String> = msgs.iter().filter(|m| w.accepted.contains(m)).collect();
+    assert_eq!(
+        kept,
+        w.accepted.iter().collect::<Vec<_>>(),
+        "every echoed turn kept, once, in order; chat holds {msgs:?}"
+    );
+}
+
+/// Wait until `w`'s mirror ends where a fresh snapshot from `node` does.
+async fn settle(w: &mut Written, node: &ServerProcess, chat: &str) -> ChatState {
+    let want = eventually("no turn running", || async {
+        let s = fresh(node, chat).await;
+        s.active_turn.is_none().then_some(s)
+    })
+    .await;
+    let Written { client, mirror, .. } = w;
+    client.wait_state(mirror, |s| *s == want).await;
+    want
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_killed_mid_load_hands_its_chats_to_a_surviving_node_and_nothing_echoed_is_lost() {
+    let nats = NatsServer::start();
+    let dir = temp_dir("cluster3");
+    let mut a = node(&dir, &nats, "a");
+    let b = node(&dir, &nats, "b");
+    let c = node(&dir, &nats, "c");
+    let ca = a.client("ann").await;
+    let (session, chat1) = ca.create_session().await;
+    let chat2 = format!("ahp-chat:/{}", uuid::Uuid::new_v4());
+    let _: Value = ca
+        .client
+        .request("createChat", json!({"channel": session, "chat": chat2}))
+        .await
+        .expect("createChat");
+    // Ann watches from a, the owner, until it dies.
+    let mut ma = ca.subscribe_chat(&chat1).await;
+
+    // Writers on b and c, one chat each, both run by a.
+    let run = Duration::from_secs(6);
+    let wb = tokio::spawn(write_turns(
+        b.client("bob").await,
+        chat1.clone(),
+        "bob".into(),
+        run,
+    ));
+    let wc = tokio::spawn(write_turns(
+        c.client("cat").await,
+        chat2.clone(),
+        "cat".into(),
+        run,
+    ));
+    let mut ca = ca;
+    ca.wait_state(&mut ma, |s| s.turns.len() >= 3).await;
+    a.kill();
+    // A number a handed Ann (her snapshot's).
+    let last_seen_on_a = ma.from_seq;
+    let (mut wb, mut wc) = (wb.await.expect("bob"), wc.await.expect("cat"));
+    assert!(wb.accepted.len() > 3 && wc.accepted.len() > 3, "both wrote");
+    assert!(
+        wb.refused + wc.refused > 0,
+        "writes are refused while nobody runs the chats"
+    );
+    let owned = healthz(b.addr).await["cluster"]["channelsOwned"]
+        .as_u64()
+        .unwrap_or(0)
+        + healthz(c.addr).await["cluster"]["channelsOwned"]
+            .as_u64()
+            .unwrap_or(0);
+    assert_eq!(
+        owned, 3,
+        "the session and both chats moved to a surviving node"
+    );
+
+    for (w, chat) in [(&mut wb, &chat1), (&mut wc, &chat2)] {
+        let want = settle(w, &b, chat).await;
+        assert_all_kept(&want, w);
+        assert_eq!(fresh(&c, chat).await, want, "b and c serve the same chat");
+    }
+    // Ann reconnects to a surviving node with what a sent her: snapshots,
+    // equal to what the others see.
+    let back = TestClient::raw_connect(&c.url()).await;
+    let res = back
+        .reconnect("ann".into(), last_seen_on_a as i64, vec![chat1.clone()])
+        .await
+        .expect("reconnect");
+    let ahp_types::commands::ReconnectResult::Snapshot(s) = res else {
+        panic!("a reconnect from a dead node's numbering gets snapshots, got {res:?}");
+    };
+    let ahp_types::state::SnapshotState::Chat(state) = &s.snapshots[0].state else {
+        panic!("a chat snapshot");
+    };
+    assert_eq!(**state, wb.mirror.state, "Ann converges");
+    back.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_restarted_mid_load_refuses_writes_meanwhile_loses_nothing_and_resumes() {
+    let mut nats = NatsServer::start();
+    let dir = temp_dir("cluster3");
+    let a = node(&dir, &nats, "a");
+    let b = node(&dir, &nats, "b");
+    let c = node(&dir, &nats, "c");
+    let ca = a.client("ann").await;
+    let (_session, chat1) = ca.create_session().await;
+    let (_session2, chat2) = ca.create_session().await;
+    let run = Duration::from_secs(7);
+    // One writer on the owner, one on a follower.
+    let wa = tokio::spawn(write_turns(ca, chat1.clone(), "ann".into(), run));
+    let wb = tokio::spawn(write_turns(
+        b.client("bob").await,
+        chat2.clone(),
+        "bob".into(),
+        run,
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    nats.stop();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    nats.restart();
+    let (mut wa, mut wb) = (wa.await.expect("ann"), wb.await.expect("bob"));
+    assert!(
+        wa.refused + wb.refused > 0,
+        "writes are refused while NATS is away"
+    );
+    // Service resumed by itself: both wrote after the restart, and the
+    // nodes agree on everything echoed.
+    for (w, chat) in [(&mut wa, &chat1), (&mut wb, &chat2)] {
+        assert!(w.accepted.len() > 3, "{} accepted", w.accepted.len());
+        let want = settle(w, &c, chat).await;
+        assert_all_kept(&want, w);
+        for n in [&a, &b] {
+            assert_eq!(
+                fresh(n, chat).await,
+                want,
+                "every node serves the same chat"
+            );
+        }
+    }
+    let mut cb = b.client("bob-after").await;
+    let seq = cb
+        .dispatch(
+            &chat1,
+            turn_started(&uuid::Uuid::new_v4().to_string(), "after"),
+        )
+        .await;
+    assert_eq!(cb.wait_echo(None, seq).await.rejection_reason, None);
 }

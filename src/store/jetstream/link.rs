@@ -37,11 +37,14 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a channel's owner, once looked up, is trusted.
 const OWNER_TTL: Duration = Duration::from_secs(1);
 
+/// Where the owner's answer to a forwarded request goes.
+type Answer = oneshot::Sender<Result<Vec<u8>, String>>;
+
 /// A request on its way to a channel's owner.
 pub(super) struct Outgoing {
     channel: ChannelUri,
     body: Vec<u8>,
-    done: oneshot::Sender<Result<Vec<u8>, String>>,
+    done: Answer,
 }
 
 /// What the node knows of who runs the channels it follows.
@@ -51,7 +54,7 @@ pub(super) struct Owners {
 }
 
 fn unhex(token: &str) -> Option<ChannelUri> {
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..token.len())
@@ -157,7 +160,15 @@ impl JetStreamJournal {
                     continue;
                 }
             };
-            while let Some(m) = messages.next().await {
+            loop {
+                let next = tokio::select! {
+                    m = messages.next() => m,
+                    () = self.inner.nats.reconnected.notified() => {
+                        tracing::info!("NATS is back: following the journal again from sequence {from}");
+                        break;
+                    }
+                };
+                let Some(m) = next else { break };
                 let m = match m {
                     Ok(m) => m,
                     Err(e) => {
@@ -190,8 +201,12 @@ impl JetStreamJournal {
                     continue;
                 }
             };
-            while let Some(entry) = watch.next().await {
-                let Ok(entry) = entry else { break };
+            loop {
+                let next = tokio::select! {
+                    e = watch.next() => e,
+                    () = self.inner.nats.reconnected.notified() => break,
+                };
+                let Some(Ok(entry)) = next else { break };
                 let Some(uri) = unhex(&entry.key) else {
                     continue;
                 };
@@ -240,8 +255,7 @@ impl JetStreamJournal {
     pub(super) async fn send_forwarded(self, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
         let client = self.inner.client.clone();
         let inbox = client.new_inbox();
-        let waiting: Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, String>>>>> =
-            Arc::default();
+        let waiting: Arc<Mutex<HashMap<u64, Answer>>> = Arc::default();
         match client.subscribe(format!("{inbox}.*")).await {
             Ok(mut answers) => {
                 let waiting = waiting.clone();

@@ -340,17 +340,35 @@ impl JetStreamJournal {
             .acquire_here(channel.to_string())
             .await
             .map_err(|e| JournalError::Unavailable(e.to_string()))?;
-        let known = self.inner.chans.lock().get(channel).map(|c| c.last_seq);
-        let stored = self.inner.nats.read_channel(channel, 0, u64::MAX).await?;
-        if known != Some(stored.last_seq) {
-            return Err(JournalError::Fenced {
-                channel: channel.clone(),
-                reason: "another node wrote to the channel while this node's lease had expired"
-                    .into(),
-            });
+        let known = self
+            .inner
+            .chans
+            .lock()
+            .get(channel)
+            .map_or(0, |c| c.last_seq);
+        // Only this node's own writes since (an append stored whose
+        // acknowledgement was lost) leave the channel this node's.
+        let writers = self.inner.nats.writers_after(channel, known).await;
+        match writers {
+            Ok(w) if w.iter().all(|n| *n == self.inner.node) => {
+                self.inner.owned.lock().insert(channel.clone(), lease);
+                Ok(())
+            }
+            Ok(w) => {
+                self.leases().release(&lease).await;
+                Err(JournalError::Fenced {
+                    channel: channel.clone(),
+                    reason: format!(
+                        "another node wrote to the channel while this node's lease had expired (writers since: {})",
+                        w.join(", ")
+                    ),
+                })
+            }
+            Err(e) => {
+                self.leases().release(&lease).await;
+                Err(e)
+            }
         }
-        self.inner.owned.lock().insert(channel.clone(), lease);
-        Ok(())
     }
 
     /// How many channels this node owns.

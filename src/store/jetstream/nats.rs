@@ -11,8 +11,8 @@ use futures_util::StreamExt;
 
 use super::wire::{BatchMsg, ChannelMsg, OwnerMsg, SnapshotMsg};
 use super::{
-    lease, subject, token, unavailable, Chan, CHANNELS, NODES, POS_HEADER, PROVIDERS, SNAPSHOTS,
-    STREAM, SUBJECT_PREFIX, TURNS,
+    lease, subject, token, unavailable, Chan, CHANNELS, FENCE_HEADER, NODES, NODE_HEADER,
+    POS_HEADER, PROVIDERS, SNAPSHOTS, STREAM, SUBJECT_PREFIX, TURNS,
 };
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::store::{
@@ -30,6 +30,9 @@ pub(super) struct Nats {
     pub(super) providers: kv::Store,
     pub(super) nodes: kv::Store,
     pub(super) leases: kv::Store,
+    /// Woken when the connection to NATS is made again (consumers and
+    /// watches are then made again at once rather than when they time out).
+    pub(super) reconnected: Arc<tokio::sync::Notify>,
 }
 
 /// One channel as read from the stream.
@@ -51,8 +54,19 @@ impl Nats {
             .map(|u| u.parse())
             .collect::<Result<_, _>>()
             .map_err(|e| unavailable("bad URL", e))?;
+        let reconnected = Arc::new(tokio::sync::Notify::new());
+        let notify = reconnected.clone();
         let client = async_nats::ConnectOptions::new()
             .name("tandem")
+            .event_callback(move |event| {
+                let notify = notify.clone();
+                async move {
+                    tracing::info!(%event, "NATS connection");
+                    if matches!(event, async_nats::Event::Connected) {
+                        notify.notify_waiters();
+                    }
+                }
+            })
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(5))
             .connect(addrs)
@@ -120,6 +134,7 @@ impl Nats {
             leases: bucket(lease::LEASES, lease).await?,
             js,
             stream,
+            reconnected,
         })
     }
 
@@ -189,6 +204,41 @@ impl Nats {
             }
         }
         Ok(read)
+    }
+
+    /// The nodes that wrote `uri`'s messages after stream sequence `after`
+    /// (a batch's writer, or a fence's).
+    pub(super) async fn writers_after(
+        &self,
+        uri: &ChannelUri,
+        after: u64,
+    ) -> Result<Vec<String>, JournalError> {
+        let subject = subject(uri);
+        let mut writers = Vec::new();
+        let mut seq = after + 1;
+        loop {
+            let got = self
+                .stream
+                .raw_message_builder()
+                .sequence(seq)
+                .next_by_subject(subject.clone())
+                .send()
+                .await;
+            let msg = match got {
+                Ok(m) => m,
+                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(unavailable("read the journal", e)),
+            };
+            seq = msg.sequence + 1;
+            let writer = msg
+                .headers
+                .get(NODE_HEADER)
+                .or_else(|| msg.headers.get(FENCE_HEADER))
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default();
+            writers.push(writer);
+        }
+        Ok(writers)
     }
 
     /// The channel with its snapshot and tail; its turns in the bucket
