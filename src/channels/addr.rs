@@ -109,6 +109,22 @@ impl ChannelAddr {
         }
     }
 
+    /// This node hands the channel over: resolves once the actor follows.
+    pub fn demote(&self) -> impl Future<Output = ()> + 'static {
+        let sent = match self {
+            ChannelAddr::Chat(a) => Some(futures_util::future::Either::Left(a.send(super::Demote))),
+            ChannelAddr::Session(a) => {
+                Some(futures_util::future::Either::Right(a.send(super::Demote)))
+            }
+            ChannelAddr::Root(_) => None,
+        };
+        async move {
+            if let Some(sent) = sent {
+                let _ = sent.await;
+            }
+        }
+    }
+
     /// A client's action another node forwarded here (this node owns the
     /// channel); resolves with its outcome.
     pub fn dispatch_forwarded(

@@ -46,6 +46,12 @@ pub trait Agent: Send + Sync + 'static {
     fn cancel_turn(&self, _chat: &str, _turn_id: &str) {}
     /// The turn ended (completed, errored, truncated away).
     fn turn_ended(&self, _chat: &str, _turn_id: &str) {}
+
+    /// Whether the agent is reached only through this node (a provider
+    /// connected here): on a cluster, its sessions should be run here.
+    fn pinned_here(&self) -> bool {
+        false
+    }
     /// Session config properties the agent adds to each of its sessions
     /// (it applies their values itself, e.g. at the next turn).
     fn config_properties(&self) -> Vec<(String, SessionConfigPropertySchema)> {

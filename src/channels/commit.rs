@@ -452,6 +452,26 @@ macro_rules! channel_reads {
             }
         }
 
+        impl actix::Handler<$crate::channels::Resync> for $actor {
+            type Result = ();
+
+            fn handle(&mut self, msg: $crate::channels::Resync, _: &mut Self::Context) {
+                let (core, _) = $crate::channels::commit::ChannelActor::parts(self);
+                core.journal_len = msg.0;
+                $crate::channels::commit::ChannelActor::resync(self);
+            }
+        }
+
+        impl actix::Handler<$crate::channels::Demote> for $actor {
+            type Result = ();
+
+            fn handle(&mut self, _: $crate::channels::Demote, _: &mut Self::Context) {
+                let (core, _) = $crate::channels::commit::ChannelActor::parts(self);
+                core.follower = true;
+                tracing::info!(channel = %core.uri, "handed over to another node: following it");
+            }
+        }
+
         impl actix::Handler<$crate::channels::Promote> for $actor {
             type Result = ();
 
@@ -461,8 +481,11 @@ macro_rules! channel_reads {
                     return;
                 }
                 core.follower = false;
-                core.journal_len = core.shared.journal.len(&core.uri);
                 tracing::info!(channel = %core.uri, "this node runs the channel now");
+                if core.shared.journal.len(&core.uri) != core.journal_len {
+                    // Batches read from the stream but not applied yet.
+                    $crate::channels::commit::ChannelActor::resync(self);
+                }
                 $crate::channels::commit::ChannelActor::promoted(self, ctx)
             }
         }

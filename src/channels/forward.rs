@@ -42,6 +42,12 @@ pub enum ForwardRequest {
         /// Session URI.
         session: String,
     },
+    /// Hand `session` (and its chats) over to the asking node, where its
+    /// agent's provider is connected.
+    Handoff {
+        /// Session URI.
+        session: String,
+    },
 }
 
 /// The owner's answer.

@@ -117,6 +117,19 @@ pub struct Subscribe {
 #[rtype(result = "()")]
 pub struct Replicate(pub crate::store::Replicated);
 
+/// A copy of a channel started from the store at journal position `.0`:
+/// read it again, since batches read from the stream meanwhile may be
+/// counted but not applied.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Resync(pub crate::ids::JournalPos);
+
+/// This node hands the channel over to another node: it follows it from
+/// now on (its state is the store's already).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Demote;
+
 /// This node took the channel over (its owner went away).
 #[derive(Message)]
 #[rtype(result = "()")]

@@ -171,6 +171,10 @@ fn turn_frame(
 }
 
 impl Agent for RemoteAgent {
+    fn pinned_here(&self) -> bool {
+        self.state.lock().serving.is_some()
+    }
+
     fn info(&self) -> AgentInfo {
         self.info.clone()
     }

@@ -10,7 +10,7 @@ use ahp_types::ROOT_RESOURCE_URI;
 
 use crate::channels::context::Shared;
 use crate::channels::forward::{ForwardReply, ForwardRequest};
-use crate::channels::ChannelAddr;
+use crate::channels::{Channel, ChannelAddr};
 use crate::ids::ChannelUri;
 use crate::store::cluster::{ClusterEvent, LinkFuture};
 use crate::store::ChannelKind;
@@ -113,7 +113,8 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
         ForwardRequest::Dispatch { channel, .. } => channel.clone(),
         ForwardRequest::CreateChat { session, .. }
         | ForwardRequest::DisposeChat { session, .. }
-        | ForwardRequest::DisposeSession { session } => session.clone(),
+        | ForwardRequest::DisposeSession { session }
+        | ForwardRequest::Handoff { session } => session.clone(),
     };
     let Some(target) = shared.registry.get(&channel) else {
         return ready(ForwardReply::NotOwner);
@@ -152,6 +153,95 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
             let done = root.dispose_session(session.into());
             Box::pin(async move { ForwardReply::of(done.await).encode() })
         }
+        ForwardRequest::Handoff { .. } => hand_over(shared, target),
+    }
+}
+
+/// Another node, where the session's agent is connected, asks for the
+/// session: its chats, then the session, stop writing here, and their
+/// leases are released for that node to take. Refused while the agent is
+/// connected here too.
+fn hand_over(shared: &Arc<Shared>, session: Channel) -> LinkFuture<Vec<u8>> {
+    let pinned = session
+        .provider
+        .as_deref()
+        .and_then(|p| shared.providers.get(p))
+        .is_some_and(|a| a.pinned_here());
+    let Some(link) = shared.cluster.clone().filter(|_| !pinned) else {
+        let refused = ForwardReply::Failed {
+            code: crate::protocol::errors::INVALID_REQUEST,
+            message: "the session's agent is connected to this node too".into(),
+        };
+        return Box::pin(std::future::ready(refused.encode()));
+    };
+    let mut channels: Vec<Channel> = shared
+        .registry
+        .all()
+        .into_iter()
+        .filter(|c| c.addr.is_chat() && c.session.as_ref() == Some(&session.uri))
+        .collect();
+    channels.push(session);
+    Box::pin(async move {
+        for c in &channels {
+            c.addr.demote().await;
+        }
+        link.release(channels.iter().map(|c| c.uri.clone()).collect())
+            .await;
+        ForwardReply::Done.encode()
+    })
+}
+
+/// Ask for the sessions this node follows whose agent is connected here
+/// (a provider connection), and run them here once handed over.
+async fn claim_pinned_sessions(shared: &Arc<Shared>, all: &[Channel]) {
+    let Some(link) = shared.cluster.clone() else {
+        return;
+    };
+    let pinned = |c: &Channel| {
+        c.provider
+            .as_deref()
+            .and_then(|p| shared.providers.get(p))
+            .is_some_and(|a| a.pinned_here())
+    };
+    let wanted: Vec<&Channel> = all
+        .iter()
+        .filter(|c| !c.addr.is_chat() && c.uri.as_str() != ROOT_RESOURCE_URI)
+        .filter(|c| shared.follows(&c.uri) && pinned(c))
+        .collect();
+    for session in wanted {
+        let body = ForwardRequest::Handoff {
+            session: session.uri.to_string(),
+        }
+        .encode();
+        let handed = link
+            .forward(&session.uri, body)
+            .await
+            .map(|b| ForwardReply::decode(&b));
+        if !matches!(handed, Ok(ForwardReply::Done)) {
+            continue;
+        }
+        let mut channels = vec![session.uri.clone()];
+        channels.extend(
+            all.iter()
+                .filter(|c| c.addr.is_chat() && c.session.as_ref() == Some(&session.uri))
+                .map(|c| c.uri.clone()),
+        );
+        // The last batches of the old owner may still be on their way here.
+        for _ in 0..20 {
+            match link.take_over(channels.clone()).await {
+                Ok(true) => {
+                    tracing::info!(session = %session.uri, "handed over: this node, where its agent is connected, runs the session now");
+                    for uri in &channels {
+                        if let Some(c) = shared.registry.get(uri) {
+                            c.addr.promote();
+                        }
+                    }
+                    break;
+                }
+                Ok(false) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(_) => break,
+            }
+        }
     }
 }
 
@@ -164,6 +254,7 @@ async fn take_over_orphans(shared: Arc<Shared>) {
     loop {
         tokio::time::sleep(link.watch_every()).await;
         let all = shared.registry.all();
+        claim_pinned_sessions(&shared, &all).await;
         let followed: Vec<ChannelUri> = all
             .iter()
             .filter(|c| !c.addr.is_chat() && c.uri.as_str() != ROOT_RESOURCE_URI)

@@ -86,6 +86,10 @@ pub trait ClusterLink: Send + Sync + 'static {
     /// this node has not read everything yet (nothing is kept then).
     fn take_over(&self, channels: Vec<ChannelUri>) -> LinkFuture<Result<bool, JournalError>>;
 
+    /// Give `channels` up (handing them to another node): their leases are
+    /// released and this node follows them from now on.
+    fn release(&self, channels: Vec<ChannelUri>) -> LinkFuture<()>;
+
     /// How often to look for orphaned channels.
     fn watch_every(&self) -> std::time::Duration;
 }

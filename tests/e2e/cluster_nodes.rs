@@ -359,3 +359,44 @@ async fn nats_restarted_mid_load_refuses_writes_meanwhile_loses_nothing_and_resu
         .await;
     assert_eq!(cb.wait_echo(None, seq).await.rejection_reason, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_follows_its_agent_to_the_node_its_provider_connects_to() {
+    use crate::common::provider::{session_with, Provider};
+    let nats = NatsServer::start();
+    let dir = temp_dir("cluster3");
+    let a = node(&dir, &nats, "a");
+    let b = node(&dir, &nats, "b");
+    let c = node(&dir, &nats, "c");
+    let agent = Provider::connect(&a.url(), "helper").await;
+    let ca = a.client("ann").await;
+    let (_session, chat) = session_with(&ca, "helper").await;
+    assert_eq!(healthz(a.addr).await["cluster"]["channelsOwned"], 2);
+
+    // The provider moves to b: the session follows it there.
+    agent.client.shutdown().await;
+    let mut agent = Provider::connect(&b.url(), "helper").await;
+    eventually("b runs the session", || async {
+        (healthz(b.addr).await["cluster"]["channelsOwned"] == 2).then_some(())
+    })
+    .await;
+    assert_eq!(healthz(a.addr).await["cluster"]["channelsOwned"], 0);
+
+    // A person on c starts a turn: it reaches the agent on b.
+    let mut cc = c.client("cat").await;
+    let mut m = join_chat(&cc, &chat).await;
+    cc.start_turn(&chat, "hello from c").await;
+    let (turn_chat, turn, text) = agent.next_turn().await;
+    assert_eq!(
+        (turn_chat.as_str(), text.as_str()),
+        (chat.as_str(), "hello from c")
+    );
+    agent.finish(&chat, &turn, "answered on b").await;
+    cc.wait_state(&mut m, |s| s.active_turn.is_none() && !s.turns.is_empty())
+        .await;
+    assert_eq!(
+        crate::common::last_turn_markdown(&m.state),
+        ["answered on b"]
+    );
+    assert_eq!(fresh(&a, &chat).await, m.state, "a follows b");
+}

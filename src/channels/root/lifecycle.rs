@@ -170,7 +170,8 @@ impl Handler<AdoptSession> for RootActor {
         if let Some(owner) = &c.info.owner {
             self.note_owner(owner, uri.clone());
         }
-        self.start_session(uri.clone(), actor, summary.clone());
+        let addr = self.start_session(uri.clone(), actor, summary.clone());
+        addr.do_send(crate::channels::Resync(c.len));
         self.notify(
             &uri,
             "root/sessionAdded",

@@ -50,6 +50,7 @@ impl Handler<AdoptChat> for SessionActor {
             provider: c.info.provider.clone(),
         };
         let addr = home.start(move |home, hub| ChatActor::recovered(home, hub, *state, base));
+        addr.do_send(crate::channels::Resync(c.len));
         self.chats.push((uri, addr));
     }
 }

@@ -481,6 +481,25 @@ impl ClusterLink for JetStreamJournal {
         })
     }
 
+    fn release(&self, channels: Vec<ChannelUri>) -> LinkFuture<()> {
+        let me = self.clone();
+        let rt = self.inner.rt.clone();
+        Box::pin(async move {
+            let _ = rt
+                .spawn(async move {
+                    let leases = me.leases();
+                    for c in channels {
+                        me.inner.followed.lock().insert(c.clone());
+                        let lease = me.inner.owned.lock().remove(&c);
+                        if let Some(l) = lease {
+                            leases.release(&l).await;
+                        }
+                    }
+                })
+                .await;
+        })
+    }
+
     fn watch_every(&self) -> Duration {
         self.inner.lease / 3
     }
