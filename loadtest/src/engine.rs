@@ -146,6 +146,9 @@ pub struct Run {
     pub last: ShardedHist,
     /// Publish → the publisher's own echo.
     pub echo: ShardedHist,
+    /// Publish → each subscriber, by the subscriber's group (e.g. the
+    /// cluster node it is connected to); empty unless asked for.
+    pub groups: Vec<ShardedHist>,
     /// Actions scheduled before this are not recorded (warm-up).
     pub record_from_ns: AtomicU64,
     /// Set when a closed-loop publisher made no progress for too long.
@@ -159,6 +162,12 @@ pub struct Run {
 impl Run {
     /// A run with one entry per publisher, each with `slots` receive slots.
     pub fn new(publishers: usize, slots: usize) -> Arc<Self> {
+        Self::with_groups(publishers, slots, 0)
+    }
+
+    /// [`Run::new`] that also keeps a latency histogram per receiver group
+    /// (`0..groups`, see [`SubPlan::group`]).
+    pub fn with_groups(publishers: usize, slots: usize, groups: usize) -> Arc<Self> {
         let (stop_tx, stop_rx) = watch::channel(false);
         Arc::new(Self {
             pubs: (0..publishers)
@@ -168,6 +177,7 @@ impl Run {
             all: ShardedHist::new(16),
             last: ShardedHist::new(16),
             echo: ShardedHist::new(16),
+            groups: (0..groups).map(|_| ShardedHist::new(16)).collect(),
             record_from_ns: AtomicU64::new(0),
             stalled: AtomicBool::new(false),
             halt: AtomicBool::new(false),
@@ -291,6 +301,8 @@ pub struct Receiver {
     pub mirror: Option<Mirror>,
     /// Why the socket ended before the phase did.
     pub closed: Option<String>,
+    /// Its group's histogram in [`Run::groups`], if there is one.
+    pub group: usize,
     /// Envelopes received more than once.
     pub duplicates: u64,
     /// Envelopes that came after a later one (by `serverSeq` on this
@@ -314,6 +326,7 @@ impl Receiver {
             unstamped: 0,
             mirror: None,
             closed: None,
+            group: 0,
             duplicates: 0,
             reorders: 0,
             samples: Vec::with_capacity(256),
@@ -368,7 +381,7 @@ impl Receiver {
         if record {
             self.samples.push(lat);
             if self.samples.len() >= 256 {
-                run.all.flush(self.id, &mut self.samples);
+                self.flush_samples(run);
             }
         }
         let p = &run.pubs[st.publisher as usize];
@@ -389,9 +402,16 @@ impl Receiver {
         }
     }
 
+    fn flush_samples(&mut self, run: &Run) {
+        if let Some(g) = run.groups.get(self.group) {
+            g.record(self.id, &self.samples);
+        }
+        run.all.flush(self.id, &mut self.samples);
+    }
+
     /// Move buffered samples into the shared histograms.
     pub fn flush(&mut self, run: &Run) {
-        run.all.flush(self.id, &mut self.samples);
+        self.flush_samples(run);
         run.last.flush(self.id, &mut self.last_samples);
     }
 
@@ -681,13 +701,41 @@ pub struct SubPlan {
     pub pubs: usize,
     /// Keep a reduced mirror of the chat.
     pub mirror: bool,
+    /// Which endpoint to connect to (an index into the endpoints given to
+    /// [`spawn_subscribers_on`]; 0 with a single server).
+    pub node: usize,
+    /// Its latency group in [`Run::groups`].
+    pub group: usize,
+}
+
+/// How long a subscriber retries a `subscribe` answered "not found": a
+/// cluster node learns of a chat created on another node shortly after its
+/// creation (about 100 ms), not at once.
+const SUBSCRIBE_NOT_FOUND_RETRY: Duration = Duration::from_secs(5);
+
+/// Whether a failed `subscribe` says the server does not know the channel
+/// (yet): "no channel `…`" (code -32008) or "not found".
+fn is_unknown_channel(error: &str) -> bool {
+    error.contains("no channel") || error.contains("not found")
 }
 
 /// Connect, `initialize` and `subscribe` one subscriber; returns the socket
 /// and its receiver (seeded from the snapshot).
 pub async fn connect_subscriber(ep: &Endpoint, plan: &SubPlan) -> anyhow::Result<(Ws, Receiver)> {
     let mut c = ep.client(&plan.client_id).await?;
-    let snap = c.subscribe(&plan.chat).await?;
+    let deadline = tokio::time::Instant::now() + SUBSCRIBE_NOT_FOUND_RETRY;
+    let snap = loop {
+        match c.subscribe(&plan.chat).await {
+            Ok(s) => break s,
+            Err(e)
+                if is_unknown_channel(&format!("{e:#}"))
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let mut rx = Receiver::new(
         plan.id,
         plan.chat.clone(),
@@ -695,6 +743,7 @@ pub async fn connect_subscriber(ep: &Endpoint, plan: &SubPlan) -> anyhow::Result
         plan.pubs,
         snap.from_seq,
     );
+    rx.group = plan.group;
     if plan.mirror {
         let state: ChatState =
             serde_json::from_value(snap.state).context("decoding the chat snapshot")?;
@@ -718,11 +767,23 @@ pub async fn spawn_subscribers(
     run: &Arc<Run>,
     what: &str,
 ) -> (Vec<JoinHandle<(Receiver, Ws)>>, Vec<String>) {
+    spawn_subscribers_on(std::slice::from_ref(ep), plans, concurrency, run, what).await
+}
+
+/// [`spawn_subscribers`] over several servers (cluster nodes): each plan
+/// connects to `endpoints[plan.node]`.
+pub async fn spawn_subscribers_on(
+    endpoints: &[Arc<Endpoint>],
+    plans: Vec<SubPlan>,
+    concurrency: usize,
+    run: &Arc<Run>,
+    what: &str,
+) -> (Vec<JoinHandle<(Receiver, Ws)>>, Vec<String>) {
     let pb = crate::progress::count(plans.len() as u64, what);
     let results: Vec<anyhow::Result<JoinHandle<(Receiver, Ws)>>> =
         futures_util::stream::iter(plans)
             .map(|plan| {
-                let ep = ep.clone();
+                let ep = endpoints[plan.node % endpoints.len()].clone();
                 let run = run.clone();
                 let pb = pb.clone();
                 async move {
@@ -759,6 +820,8 @@ pub struct Outcome {
     pub last: Histogram<u64>,
     /// Publish → own echo.
     pub echo: Histogram<u64>,
+    /// Publish → each subscriber, per group ([`Run::groups`]).
+    pub groups: Vec<Histogram<u64>>,
     /// Loss, duplicates, reordering over every subscriber.
     pub integrity: Integrity,
     /// Actions sent / accepted / rejected.
@@ -781,8 +844,11 @@ pub struct Outcome {
     pub receivers: Vec<Receiver>,
     /// Measured window in seconds.
     pub window_seconds: f64,
-    /// Server CPU seconds used during the measured window, when known.
+    /// Server CPU seconds used during the measured window, when known
+    /// (summed over every server process of [`PhaseTiming::server_pids`]).
     pub server_cpu_seconds: Option<f64>,
+    /// The same per server process, in the order of the pids.
+    pub server_cpu_seconds_each: Vec<f64>,
     /// CPU seconds of the store process the load generator started
     /// (nats-server for `jetstream`) during the measured window.
     pub store_cpu_seconds: Option<f64>,
@@ -815,8 +881,8 @@ pub struct PhaseTiming {
     pub drain: f64,
     /// Label of the progress bar.
     pub label: String,
-    /// Server pid (for CPU accounting).
-    pub server_pid: Option<u32>,
+    /// Server pids (for CPU accounting): one, or every node of a cluster.
+    pub server_pids: Vec<u32>,
 }
 
 /// A single-threaded runtime on its own thread, for the publishers.
@@ -876,13 +942,16 @@ pub async fn publish_and_collect(
     // Sample counters at the edges of the measured window.
     let sampler = {
         let run = run.clone();
-        let pid = timing.server_pid;
+        let pids = timing.server_pids.clone();
+        let cpu_each = move || -> Option<Vec<f64>> {
+            pids.iter().map(|&p| crate::sys::cpu_seconds(p)).collect()
+        };
         let store_pid = crate::nats::store_pid();
         tokio::spawn(async move {
             sleep_until_ns(warm_ns).await;
             let d0 = run.deliveries.load();
             let a0 = run.accepted();
-            let c0 = pid.and_then(crate::sys::cpu_seconds);
+            let c0 = cpu_each();
             let s0 = store_pid.and_then(crate::sys::cpu_seconds);
             let l0 = crate::sys::cpu_seconds(std::process::id());
             let m0 = crate::sys::machine_busy_seconds();
@@ -890,7 +959,7 @@ pub async fn publish_and_collect(
             sleep_until_ns(end_ns).await;
             let d1 = run.deliveries.load();
             let a1 = run.accepted();
-            let c1 = pid.and_then(crate::sys::cpu_seconds);
+            let c1 = cpu_each();
             let s1 = store_pid.and_then(crate::sys::cpu_seconds);
             let l1 = crate::sys::cpu_seconds(std::process::id());
             let m1 = crate::sys::machine_busy_seconds();
@@ -899,7 +968,10 @@ pub async fn publish_and_collect(
                 (d1 - d0) as f64 / secs,
                 (a1 - a0) as f64 / secs,
                 secs,
-                c0.zip(c1).map(|(a, b)| b - a),
+                c0.zip(c1).and_then(|(a, b)| {
+                    (!a.is_empty())
+                        .then(|| a.iter().zip(&b).map(|(a, b)| b - a).collect::<Vec<f64>>())
+                }),
                 l0.zip(l1).map(|(a, b)| b - a),
                 m0.zip(m1).map(|(a, b)| b - a),
                 s0.zip(s1).map(|(a, b)| b - a),
@@ -992,6 +1064,7 @@ pub async fn publish_and_collect(
         all: run.all.merged(),
         last: run.last.merged(),
         echo: run.echo.merged(),
+        groups: run.groups.iter().map(ShardedHist::merged).collect(),
         integrity,
         sent: run.sent(),
         accepted: run.accepted(),
@@ -1004,7 +1077,8 @@ pub async fn publish_and_collect(
         max_behind_ms: max_behind_ns as f64 / 1e6,
         receivers,
         window_seconds,
-        server_cpu_seconds: cpu,
+        server_cpu_seconds: cpu.as_ref().map(|c| c.iter().sum()),
+        server_cpu_seconds_each: cpu.unwrap_or_default(),
         store_cpu_seconds: scpu,
         loadgen_cpu_seconds: lcpu,
         machine_cpu_seconds: mcpu,
@@ -1048,5 +1122,24 @@ mod tests {
         assert_eq!((ib.lost, ib.duplicated, ib.reordered), (1, 0, 0), "{ib:?}");
         assert_eq!(run.last.merged().len(), 1);
         assert_eq!(run.all.merged().len(), 4);
+    }
+
+    #[test]
+    fn each_receivers_latency_lands_in_its_group_too() {
+        let run = Run::with_groups(1, 8, 2);
+        run.pubs[0].expected.store(2, Ordering::Relaxed);
+        let mut owner = Receiver::new(0, "ahp-chat:/c".into(), 0, 1, 0);
+        let mut follower = Receiver::new(1, "ahp-chat:/c".into(), 0, 1, 0);
+        follower.group = 1;
+        owner.on_text(&run, &env(1, 0, 1, 1_000_000), 2_000_000);
+        follower.on_text(&run, &env(1, 0, 1, 1_000_000), 5_000_000);
+        follower.on_text(&run, &env(2, 0, 2, 1_000_000), 6_000_000);
+        owner.flush(&run);
+        follower.flush(&run);
+        let groups: Vec<Histogram<u64>> = run.groups.iter().map(ShardedHist::merged).collect();
+        assert_eq!((groups[0].len(), groups[1].len()), (1, 2));
+        assert_eq!(groups[0].max(), 1_000, "owner: 1 ms in µs");
+        assert!(groups[1].min() >= 4_000, "follower: 4 and 5 ms");
+        assert_eq!(run.all.merged().len(), 3, "every sample is also in `all`");
     }
 }

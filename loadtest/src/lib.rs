@@ -12,12 +12,14 @@
 //! | [`report`] | result JSON, terminal table, latency SVG |
 //! | [`server`] | the server under test: spawned child, in-process, or `--url` |
 //! | [`nats`] | the `nats-server -js` started for the `jetstream` store |
+//! | [`cluster`] | the servers of a comparison target: one node on SQLite, or N nodes on one nats-server |
 //! | [`baseline`] | minimal tokio + tungstenite broadcast server (the fan-out yardstick) |
-//! | [`scenarios`] | `fanout`, `drafts`, `durable`, `connections`, `reconnect-storm`, `recovery`, `agent-stream` |
+//! | [`scenarios`] | `fanout`, `drafts`, `durable`, `connections`, `reconnect-storm`, `recovery`, `agent-stream`, `cluster` |
 //! | [`clock`], [`sys`], [`progress`] | process clock, rlimit and /proc readings, progress bars |
 
 pub mod baseline;
 pub mod clock;
+pub mod cluster;
 pub mod conn;
 pub mod engine;
 pub mod nats;

@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 use tandem_loadtest::report::{self, ScenarioResult};
 use tandem_loadtest::scenarios::{
     agent_stream::{self, AgentStreamArgs},
+    cluster::{self, ClusterArgs},
     connections::{self, ConnectionsArgs},
     drafts::{self, DraftsArgs},
     durable::{self, DurableArgs},
@@ -77,6 +78,12 @@ enum Command {
     /// delta to every subscriber once and in order, latency from the
     /// agent's send, CPU per delivery, and the ratios.
     AgentStream(AgentStreamArgs),
+    /// Fan-out and drafts against one node on SQLite and against an N-node
+    /// cluster on NATS JetStream (sessions owned by node 0, subscribers
+    /// spread over the nodes), alternating: throughput, p99, p99 to the last
+    /// receiver, CPU per delivery, the latency a cross-node hop adds, and
+    /// the ratios.
+    Cluster(ClusterArgs),
     /// Run the baseline broadcast server (what `fanout` compares against).
     Baseline {
         /// Address to listen on.
@@ -97,6 +104,7 @@ async fn run_scenario(cmd: &Command, opts: &ServerOpts) -> anyhow::Result<Scenar
         Command::ReconnectStorm(a) => reconnect::run(a, opts).await,
         Command::Recovery(a) => recovery::run(a, opts).await,
         Command::AgentStream(a) => agent_stream::run(a, opts).await,
+        Command::Cluster(a) => cluster::run(a, opts).await,
         Command::Baseline { .. } => unreachable!("handled before the runtime starts"),
     }
 }

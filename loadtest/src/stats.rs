@@ -111,6 +111,17 @@ impl ShardedHist {
         samples_ns.clear();
     }
 
+    /// Record nanosecond samples into shard `key % n`, keeping them.
+    pub fn record(&self, key: usize, samples_ns: &[u64]) {
+        if samples_ns.is_empty() {
+            return;
+        }
+        let mut h = self.shards[key % self.shards.len()].lock();
+        for &ns in samples_ns {
+            record_ns(&mut h, ns);
+        }
+    }
+
     /// All shards merged.
     pub fn merged(&self) -> Histogram<u64> {
         let mut out = new_hist();

@@ -93,6 +93,8 @@ async fn run_on(
             pub_base: 0,
             pubs: 1,
             mirror: false,
+            node: 0,
+            group: 0,
         })
         .collect();
     let t0 = now_ns();
@@ -161,7 +163,7 @@ async fn run_on(
             warmup: 0.0,
             drain: 20.0,
             label: "live check".into(),
-            server_pid: server.pid,
+            server_pids: server.pid.into_iter().collect(),
         },
     )
     .await?;

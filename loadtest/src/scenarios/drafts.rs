@@ -176,6 +176,8 @@ async fn run_on(
             pub_base: 0,
             pubs: args.writers,
             mirror: true,
+            node: 0,
+            group: 0,
         })
         .collect();
     let (subs, errors) =
@@ -204,7 +206,7 @@ async fn run_on(
             warmup: args.warmup.min(args.seconds / 2.0),
             drain: args.drain,
             label: "editing".into(),
-            server_pid: server.pid,
+            server_pids: server.pid.into_iter().collect(),
         },
     )
     .await?;

@@ -120,6 +120,8 @@ async fn run_on(
             pub_base: (i % chats.len()) as u32,
             pubs: 1,
             mirror: false,
+            node: 0,
+            group: 0,
         })
         .collect();
     let (subs, errors) = spawn_subscribers(&ep, plans, 128, &run, "subscribe").await;
@@ -139,7 +141,7 @@ async fn run_on(
             warmup: args.warmup.min(args.seconds / 2.0),
             drain: args.drain,
             label: "writing".into(),
-            server_pid: server.pid,
+            server_pids: server.pid.into_iter().collect(),
         },
     )
     .await?;

@@ -158,6 +158,8 @@ async fn phase(
                 pub_base: (c * p) as u32,
                 pubs: p,
                 mirror: false,
+                node: 0,
+                group: 0,
             });
         }
     }
@@ -193,7 +195,7 @@ async fn phase(
             warmup: args.warmup.min(seconds / 2.0),
             drain: args.drain,
             label: label.to_owned(),
-            server_pid: server.pid,
+            server_pids: server.pid.into_iter().collect(),
         },
     )
     .await

@@ -1,6 +1,7 @@
 //! One module per scenario (each a subcommand).
 
 pub mod agent_stream;
+pub mod cluster;
 pub mod connections;
 pub mod drafts;
 pub mod durable;

@@ -328,6 +328,8 @@ async fn run_on(
             pub_base: (i % chats_n) as u32,
             pubs: 1,
             mirror: false,
+            node: 0,
+            group: 0,
         })
         .collect();
     let connected: Vec<anyhow::Result<(Ws, Receiver, String)>> = futures_util::stream::iter(plans)

@@ -1,0 +1,725 @@
+//! `cluster`: the same fan-out and drafts workloads against one Tandem on
+//! SQLite (`--durability full`) and against an N-node cluster on NATS
+//! JetStream, alternating round by round, with the ratios.
+//!
+//! In the cluster every session is created on node 0, which therefore owns
+//! it; subscribers are spread round-robin over the nodes (subscriber `i` on
+//! node `i mod N`) and the writers all connect to `--publish-node` (default
+//! 0, the owner). A receiver's latency is recorded in its node's group, so
+//! the report can set receivers on the owner against receivers on the other
+//! nodes, whose envelopes took the extra path owner append → JetStream →
+//! follower consumer → follower publish: the difference of their p50 and p99
+//! is the latency a cross-node hop adds.
+//!
+//! Shapes (each on fresh sessions and connections):
+//! * `chats` — `--chats` chats × `--chat-subscribers`, one agent per chat
+//!   typing `chat/draftChanged`;
+//! * `fanout` — 1 chat × `--fanout-subscribers`, one agent;
+//! * `drafts` — 1 chat, `--draft-writers` writers editing the answers of one
+//!   open input request (`chat/inputAnswerChanged`) while
+//!   `--draft-subscribers` watch; every watcher's reduced answers must equal
+//!   the owner's snapshot, and every node's snapshot the owner's.
+//!
+//! The fan-out shapes first run closed-loop for `--max-seconds` (the most
+//! deliveries/s), then open-loop at a fixed rate, the same for both targets,
+//! for `--seconds` (latency, CPU per delivery). CPU per delivery counts every
+//! Tandem process plus nats-server.
+
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+
+use crate::cluster::{Nodes, Target};
+use crate::conn::{unique, Endpoint};
+use crate::engine::{
+    connect_publisher, publish_and_collect, spawn_subscribers_on, ActionKind, Gate, Outcome,
+    PhaseTiming, Publisher, Run, Schedule, SubPlan,
+};
+use crate::progress::note;
+use crate::report::ScenarioResult;
+use crate::server::ServerOpts;
+use crate::stats::{new_hist, Summary};
+
+/// Which targets to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Targets {
+    /// SQLite, then the cluster, each round.
+    Both,
+    /// One node on SQLite only.
+    Sqlite,
+    /// The cluster only.
+    Cluster,
+}
+
+/// A workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShapeName {
+    /// Many chats × a few subscribers each.
+    Chats,
+    /// One chat × many subscribers.
+    Fanout,
+    /// Many writers editing answers in one chat, many watchers.
+    Drafts,
+}
+
+/// `cluster` flags.
+#[derive(Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// Tandem nodes in the cluster.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Rounds; each runs every shape on SQLite, then on the cluster.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Which targets to run.
+    #[arg(long, value_enum, default_value = "both")]
+    pub targets: Targets,
+    /// Shapes to run, in order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "chats,fanout,drafts"
+    )]
+    pub shapes: Vec<ShapeName>,
+    /// `chats`: chats.
+    #[arg(long, default_value_t = 32)]
+    pub chats: usize,
+    /// `chats`: subscribers per chat.
+    #[arg(long, default_value_t = 30)]
+    pub chat_subscribers: usize,
+    /// `chats`: latency phase actions/s per chat.
+    #[arg(long, default_value_t = 25.0)]
+    pub chat_rate: f64,
+    /// `fanout`: subscribers of the one chat.
+    #[arg(long, default_value_t = 1000)]
+    pub fanout_subscribers: usize,
+    /// `fanout`: latency phase actions/s.
+    #[arg(long, default_value_t = 100.0)]
+    pub fanout_rate: f64,
+    /// `drafts`: writers.
+    #[arg(long, default_value_t = 50)]
+    pub draft_writers: usize,
+    /// `drafts`: watchers.
+    #[arg(long, default_value_t = 500)]
+    pub draft_subscribers: usize,
+    /// `drafts`: edits/s per writer.
+    #[arg(long, default_value_t = 4.0)]
+    pub draft_rate: f64,
+    /// `drafts`: text questions in the input request.
+    #[arg(long, default_value_t = 8)]
+    pub questions: usize,
+    /// Latency phase length, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Max phase length, seconds (fan-out shapes).
+    #[arg(long, default_value_t = 4.0)]
+    pub max_seconds: f64,
+    /// Skip the max phases.
+    #[arg(long)]
+    pub no_max: bool,
+    /// Max phase: actions per chat in flight.
+    #[arg(long, default_value_t = 64)]
+    pub window: u64,
+    /// Leading seconds of each phase left out of rates and latencies.
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup: f64,
+    /// Longest wait for in-flight actions after publishing, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub drain: f64,
+    /// The node the writers connect to (0 owns every session).
+    #[arg(long, default_value_t = 0)]
+    pub publish_node: usize,
+    /// The cluster nodes' `--lease-secs`.
+    #[arg(long, default_value_t = 10.0)]
+    pub lease_secs: f64,
+    /// Handshakes in flight while connecting subscribers.
+    #[arg(long, default_value_t = 128)]
+    pub connect_concurrency: usize,
+}
+
+/// One workload's sizes.
+struct Shape {
+    name: ShapeName,
+    chats: usize,
+    subscribers: usize,
+    publishers: usize,
+    /// Open-loop actions/s per publisher.
+    rate: f64,
+}
+
+impl Shape {
+    fn of(name: ShapeName, a: &ClusterArgs) -> Self {
+        match name {
+            ShapeName::Chats => Self {
+                name,
+                chats: a.chats,
+                subscribers: a.chat_subscribers,
+                publishers: 1,
+                rate: a.chat_rate,
+            },
+            ShapeName::Fanout => Self {
+                name,
+                chats: 1,
+                subscribers: a.fanout_subscribers,
+                publishers: 1,
+                rate: a.fanout_rate,
+            },
+            ShapeName::Drafts => Self {
+                name,
+                chats: 1,
+                subscribers: a.draft_subscribers,
+                publishers: a.draft_writers,
+                rate: a.draft_rate,
+            },
+        }
+    }
+
+    fn key(&self) -> String {
+        match self.name {
+            ShapeName::Chats => format!("chats{}x{}", self.chats, self.subscribers),
+            ShapeName::Fanout => format!("fanout1x{}", self.subscribers),
+            ShapeName::Drafts => format!("drafts{}w{}s", self.publishers, self.subscribers),
+        }
+    }
+
+    fn drafts(&self) -> bool {
+        self.name == ShapeName::Drafts
+    }
+}
+
+/// Convergence of a drafts phase.
+#[derive(Default)]
+struct Convergence {
+    /// Watchers whose reduced answers differ from the owner's snapshot.
+    diverged: usize,
+    /// Nodes whose own snapshot's answers differ from the owner's.
+    nodes_differ: usize,
+}
+
+/// One phase of one shape on one target.
+async fn phase(
+    nodes: &Nodes,
+    eps: &[Arc<Endpoint>],
+    shape: &Shape,
+    args: &ClusterArgs,
+    schedule: Schedule,
+    seconds: f64,
+    label: &str,
+) -> anyhow::Result<(Outcome, Option<Convergence>)> {
+    let n = eps.len();
+    let owner = &eps[0];
+    let questions: Vec<String> = (0..args.questions.max(1))
+        .map(|i| format!("q{i}"))
+        .collect();
+    // (chat, input request id for drafts)
+    let mut chats: Vec<(String, Option<String>)> = Vec::with_capacity(shape.chats);
+    if shape.drafts() {
+        for _ in 0..shape.chats {
+            let (chat, rid) = super::drafts::open_request(owner, args.questions).await?;
+            chats.push((chat, Some(rid)));
+        }
+    } else {
+        let mut setup = owner.client(&unique("setup")).await?;
+        for _ in 0..shape.chats {
+            chats.push((setup.create_session().await?.1, None));
+        }
+        setup.close().await;
+    }
+    let p = shape.publishers.max(1);
+    let slots = match schedule {
+        Schedule::Open { count, .. } => count as usize + 1,
+        Schedule::Closed { window, .. } => 4 * window as usize + 4,
+    };
+    let run = Run::with_groups(shape.chats * p, slots, n);
+    let pub_ep = &eps[args.publish_node % n];
+    let mut publishers = Vec::new();
+    for (c, (chat, rid)) in chats.iter().enumerate() {
+        for k in 0..p {
+            let index = (c * p + k) as u32;
+            let client_id = unique(&format!("writer-{index}"));
+            let ws = connect_publisher(pub_ep, &client_id).await?;
+            let kind = match rid {
+                Some(r) => ActionKind::Answer {
+                    request_id: r.clone(),
+                    questions: questions.clone(),
+                },
+                None => ActionKind::Draft { pad: 0 },
+            };
+            publishers.push((
+                Publisher {
+                    index,
+                    client_id,
+                    chat: chat.clone(),
+                    kind,
+                    schedule,
+                    offset: k * 7,
+                },
+                ws,
+            ));
+        }
+    }
+    let mut plans = Vec::new();
+    for (c, (chat, _)) in chats.iter().enumerate() {
+        for s in 0..shape.subscribers {
+            let node = plans.len() % n;
+            plans.push(SubPlan {
+                id: plans.len(),
+                client_id: unique(&format!("sub-{c}-{s}")),
+                chat: chat.clone(),
+                pub_base: (c * p) as u32,
+                pubs: p,
+                mirror: shape.drafts(),
+                node,
+                group: node,
+            });
+        }
+    }
+    let total = plans.len();
+    let (subs, errors) = spawn_subscribers_on(
+        eps,
+        plans,
+        args.connect_concurrency,
+        &run,
+        &format!("{label}: subscribe"),
+    )
+    .await;
+    if !errors.is_empty() {
+        run.stop();
+        anyhow::bail!(
+            "{} of {total} subscribers failed to connect, e.g.: {}",
+            errors.len(),
+            errors[0]
+        );
+    }
+    for pubs in &run.pubs {
+        pubs.expected.store(
+            shape.subscribers as u32,
+            std::sync::atomic::Ordering::Release,
+        );
+    }
+    let o = publish_and_collect(
+        run,
+        publishers,
+        subs,
+        PhaseTiming {
+            seconds,
+            warmup: args.warmup.min(seconds / 2.0),
+            drain: args.drain,
+            label: label.to_owned(),
+            server_pids: nodes.pids(),
+        },
+    )
+    .await?;
+    let conv = if shape.drafts() {
+        let mut conv = Convergence::default();
+        for (chat, rid) in &chats {
+            let Some(rid) = rid else { continue };
+            let mut per_node = Vec::with_capacity(n);
+            for ep in eps {
+                let mut c = ep.client(&unique("drafts-check")).await?;
+                let snap = c.subscribe(chat).await?;
+                c.close().await;
+                let state: ahp_types::state::ChatState = serde_json::from_value(snap.state)?;
+                per_node.push(super::drafts::answers(&state, rid));
+            }
+            conv.nodes_differ += per_node.iter().filter(|a| **a != per_node[0]).count();
+            for rx in o.receivers.iter().filter(|r| &r.chat == chat) {
+                let mine = rx
+                    .mirror
+                    .as_ref()
+                    .and_then(|m| super::drafts::answers(&m.state, rid));
+                if mine.is_none() || mine != per_node[0] {
+                    conv.diverged += 1;
+                }
+            }
+        }
+        Some(conv)
+    } else {
+        None
+    };
+    Ok((o, conv))
+}
+
+/// What one shape measured on one target in one round.
+#[derive(Default, Clone)]
+struct Fig {
+    max_deliveries_per_sec: Option<f64>,
+    lat_deliveries_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    last_p99_ms: f64,
+    /// Tandem processes + nats-server, latency phase.
+    cpu_us_per_delivery: Option<f64>,
+    /// Each Tandem process, latency phase.
+    node_cpu_us: Vec<f64>,
+    nats_cpu_us: Option<f64>,
+    owner: Summary,
+    others: Summary,
+    problems: Vec<String>,
+}
+
+fn per_delivery(cpu_s: f64, o: &Outcome) -> f64 {
+    cpu_s * 1e6 / (o.deliveries_per_sec * o.window_seconds).max(1.0)
+}
+
+fn check(o: &Outcome, what: &str, problems: &mut Vec<String>) {
+    let i = o.integrity;
+    if !i.clean() || o.incomplete > 0 || o.closed_early > 0 || o.stalled || o.rejected > 0 {
+        problems.push(format!(
+            "{what}: lost {} dup {} reord {}, {} accepted actions not at every subscriber, {} \
+             rejected, {} subscribers disconnected {:?}, stalled {}",
+            i.lost,
+            i.duplicated,
+            i.reordered,
+            o.incomplete,
+            o.rejected,
+            o.closed_early,
+            o.close_reasons,
+            o.stalled
+        ));
+    }
+}
+
+/// Run every phase of `shape` on `nodes`.
+async fn measure(
+    nodes: &Nodes,
+    shape: &Shape,
+    args: &ClusterArgs,
+    opts: &ServerOpts,
+    tag: &str,
+) -> anyhow::Result<Fig> {
+    let eps = nodes.endpoints(opts.source_ips).await?;
+    let mut f = Fig::default();
+    if !args.no_max && !shape.drafts() {
+        let (o, _) = phase(
+            nodes,
+            &eps,
+            shape,
+            args,
+            Schedule::Closed {
+                window: args.window,
+                gate: Gate::Delivered,
+                seconds: args.max_seconds,
+                limit: u64::MAX,
+            },
+            args.max_seconds,
+            &format!("{tag} max"),
+        )
+        .await?;
+        check(&o, "max phase", &mut f.problems);
+        f.max_deliveries_per_sec = Some(o.deliveries_per_sec);
+    }
+    let count = (shape.rate * args.seconds).ceil() as u64;
+    let (o, conv) = phase(
+        nodes,
+        &eps,
+        shape,
+        args,
+        Schedule::Open {
+            rate: shape.rate,
+            count,
+        },
+        args.seconds,
+        &format!("{tag} @{}/s", shape.rate),
+    )
+    .await?;
+    check(&o, "latency phase", &mut f.problems);
+    if let Some(c) = conv {
+        if c.diverged > 0 || c.nodes_differ > 0 {
+            f.problems.push(format!(
+                "drafts: {} watchers' answers differ from the owner's snapshot, {} nodes' \
+                 snapshots differ from the owner's",
+                c.diverged, c.nodes_differ
+            ));
+        }
+    }
+    f.lat_deliveries_per_sec = o.deliveries_per_sec;
+    let all = Summary::of(&o.all);
+    f.p50_ms = all.p50_ms;
+    f.p99_ms = all.p99_ms;
+    f.last_p99_ms = Summary::of(&o.last).p99_ms;
+    f.node_cpu_us = o
+        .server_cpu_seconds_each
+        .iter()
+        .map(|&c| per_delivery(c, &o))
+        .collect();
+    f.nats_cpu_us = o.store_cpu_seconds.map(|c| per_delivery(c, &o));
+    f.cpu_us_per_delivery = o
+        .server_cpu_seconds
+        .map(|c| per_delivery(c + o.store_cpu_seconds.unwrap_or(0.0), &o));
+    if let Some(g) = o.groups.first() {
+        f.owner = Summary::of(g);
+    }
+    let mut others: Histogram<u64> = new_hist();
+    for g in o.groups.iter().skip(1) {
+        let _ = others.add(g);
+    }
+    f.others = Summary::of(&others);
+    if let Some(b) = o.background_cores() {
+        if b > 0.3 {
+            f.problems.push(format!(
+                "other processes used {b:.2} cores (figures skewed)"
+            ));
+        }
+    }
+    note(format!(
+        "{tag}: max {} deliveries/s; @{}/s: {:.0} deliveries/s, p50 {:.2} p99 {:.2} ms, last p99 {:.2} ms, cpu {:.2} µs/delivery (nodes {:?}, nats {:.2}); owner p50/p99 {:.2}/{:.2}, others {:.2}/{:.2} ms",
+        f.max_deliveries_per_sec.map(|d| format!("{d:.0}")).unwrap_or("-".into()),
+        shape.rate,
+        f.lat_deliveries_per_sec,
+        f.p50_ms,
+        f.p99_ms,
+        f.last_p99_ms,
+        f.cpu_us_per_delivery.unwrap_or(f64::NAN),
+        f.node_cpu_us.iter().map(|u| (u * 100.0).round() / 100.0).collect::<Vec<_>>(),
+        f.nats_cpu_us.unwrap_or(0.0),
+        f.owner.p50_ms,
+        f.owner.p99_ms,
+        f.others.p50_ms,
+        f.others.p99_ms,
+    ));
+    for p in &f.problems {
+        note(format!("{tag}: {p}"));
+    }
+    Ok(f)
+}
+
+fn mean(xs: &[f64]) -> Option<f64> {
+    (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+}
+
+fn r3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Figures of one shape, by target, one entry per round.
+#[derive(Default)]
+struct Series {
+    sqlite: Vec<Fig>,
+    cluster: Vec<Fig>,
+}
+
+/// Run the scenario.
+pub async fn run(args: &ClusterArgs, opts: &ServerOpts) -> anyhow::Result<ScenarioResult> {
+    let mut targets = Vec::new();
+    if args.targets != Targets::Cluster {
+        targets.push(Target::Sqlite);
+    }
+    if args.targets != Targets::Sqlite {
+        targets.push(Target::Cluster {
+            nodes: args.nodes.max(1),
+        });
+    }
+    let shapes: Vec<Shape> = args.shapes.iter().map(|&s| Shape::of(s, args)).collect();
+    let mut series: Vec<Series> = shapes.iter().map(|_| Series::default()).collect();
+    let mut failed = Vec::new();
+    let mut labels = Vec::new();
+    for round in 1..=args.rounds.max(1) {
+        for &target in &targets {
+            let nodes = Nodes::start(target, opts, args.lease_secs).await?;
+            note(format!("round {round}, {}: {}", target.name(), nodes.label));
+            if round == 1 {
+                labels.push(nodes.label.clone());
+            }
+            for (shape, s) in shapes.iter().zip(series.iter_mut()) {
+                let tag = format!("r{round} {} {}", target.name(), shape.key());
+                match measure(&nodes, shape, args, opts, &tag).await {
+                    Ok(f) => {
+                        if !f.problems.is_empty() {
+                            failed.push(format!("{tag}: {}", f.problems.join("; ")));
+                        }
+                        match target {
+                            Target::Sqlite => s.sqlite.push(f),
+                            Target::Cluster { .. } => s.cluster.push(f),
+                        }
+                    }
+                    Err(e) => {
+                        note(format!("{tag} failed: {e:#}"));
+                        failed.push(format!(
+                            "{tag} failed: {e:#} (logs: {})",
+                            nodes.logs().join(", ")
+                        ));
+                    }
+                }
+            }
+            nodes.stop().await;
+        }
+    }
+    let params = serde_json::to_value(format!("{args:?}")).unwrap_or(Value::Null);
+    let mut r = ScenarioResult::new("cluster", &labels.join(" vs "), params);
+    for (shape, s) in shapes.iter().zip(&series) {
+        report_shape(&mut r, shape, s);
+    }
+    for f in &failed {
+        r.note(f.clone());
+    }
+    // Every problem but a busy machine is a correctness failure.
+    r.failed = failed.iter().any(|f| !f.ends_with("(figures skewed)"));
+    r.note(
+        "CPU per delivery = CPU of every Tandem process plus nats-server over deliveries, in \
+         the latency phase (same offered rate on both targets); every cluster node applies \
+         every batch",
+    );
+    Ok(r)
+}
+
+/// Per-round lists, means and cluster ÷ SQLite ratios of one shape.
+fn report_shape(r: &mut ScenarioResult, shape: &Shape, s: &Series) {
+    let k = shape.key();
+    type Get = fn(&Fig) -> Option<f64>;
+    let metrics: [(&str, Get); 10] = [
+        ("max_deliveries_per_sec", |f| f.max_deliveries_per_sec),
+        ("lat_deliveries_per_sec", |f| Some(f.lat_deliveries_per_sec)),
+        ("p50_ms", |f| Some(f.p50_ms)),
+        ("p99_ms", |f| Some(f.p99_ms)),
+        ("last_p99_ms", |f| Some(f.last_p99_ms)),
+        ("cpu_us_per_delivery", |f| f.cpu_us_per_delivery),
+        ("nats_cpu_us_per_delivery", |f| f.nats_cpu_us),
+        ("owner_p50_ms", |f| {
+            (f.owner.count > 0).then_some(f.owner.p50_ms)
+        }),
+        ("owner_p99_ms", |f| {
+            (f.owner.count > 0).then_some(f.owner.p99_ms)
+        }),
+        ("others_p99_ms", |f| {
+            (f.others.count > 0).then_some(f.others.p99_ms)
+        }),
+    ];
+    let mut lines = Vec::new();
+    for (name, get) in metrics {
+        let sq: Vec<f64> = s.sqlite.iter().filter_map(get).collect();
+        let cl: Vec<f64> = s.cluster.iter().filter_map(get).collect();
+        if sq.is_empty() && cl.is_empty() {
+            continue;
+        }
+        r.put(
+            &format!("{k}.{name}"),
+            json!({"sqlite": sq.iter().map(|x| r3(*x)).collect::<Vec<_>>(),
+                   "cluster": cl.iter().map(|x| r3(*x)).collect::<Vec<_>>()}),
+        );
+        let (ms, mc) = (mean(&sq), mean(&cl));
+        let ratio = ms.zip(mc).map(|(a, b)| b / a.max(1e-12));
+        if let Some(x) = ratio {
+            r.put(&format!("{k}.{name}.cluster_over_sqlite"), r3(x));
+        }
+        let m = |x: Option<f64>| x.map(|x| format!("{:.3}", r3(x))).unwrap_or("-".into());
+        lines.push(format!(
+            "{name}: mean sqlite {} cluster {}{}",
+            m(ms),
+            m(mc),
+            ratio
+                .map(|x| format!(" → cluster/sqlite {x:.2}×"))
+                .unwrap_or_default()
+        ));
+    }
+    // The cross-node hop: followers' receivers minus the owner's, per round.
+    let hop50: Vec<f64> = s
+        .cluster
+        .iter()
+        .filter(|f| f.others.count > 0)
+        .map(|f| f.others.p50_ms - f.owner.p50_ms)
+        .collect();
+    let hop99: Vec<f64> = s
+        .cluster
+        .iter()
+        .filter(|f| f.others.count > 0)
+        .map(|f| f.others.p99_ms - f.owner.p99_ms)
+        .collect();
+    if !hop50.is_empty() {
+        r.put(
+            &format!("{k}.hop_p50_ms"),
+            json!(hop50.iter().map(|x| r3(*x)).collect::<Vec<_>>()),
+        );
+        r.put(
+            &format!("{k}.hop_p99_ms"),
+            json!(hop99.iter().map(|x| r3(*x)).collect::<Vec<_>>()),
+        );
+        lines.push(format!(
+            "cross-node hop (others − owner): p50 {:?} ms, p99 {:?} ms",
+            hop50.iter().map(|x| r3(*x)).collect::<Vec<_>>(),
+            hop99.iter().map(|x| r3(*x)).collect::<Vec<_>>()
+        ));
+    }
+    let splits: Vec<String> = s
+        .cluster
+        .iter()
+        .map(|f| {
+            format!(
+                "nodes {:?} + nats {:.2}",
+                f.node_cpu_us.iter().map(|u| r3(*u)).collect::<Vec<_>>(),
+                f.nats_cpu_us.unwrap_or(0.0)
+            )
+        })
+        .collect();
+    if !splits.is_empty() {
+        lines.push(format!(
+            "cluster CPU µs/delivery split: {}",
+            splits.join("; ")
+        ));
+    }
+    for l in lines {
+        r.note(format!("{k} {l}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fig(owner_p50: f64, others_p50: f64, cpu: f64) -> Fig {
+        let s = |p50: f64| Summary {
+            count: 10,
+            p50_ms: p50,
+            p99_ms: 2.0 * p50,
+            ..Summary::default()
+        };
+        Fig {
+            cpu_us_per_delivery: Some(cpu),
+            owner: s(owner_p50),
+            others: s(others_p50),
+            ..Fig::default()
+        }
+    }
+
+    #[test]
+    fn report_has_ratios_and_the_hop_per_round() {
+        let args = ClusterArgs::parse_from_defaults();
+        let shape = Shape::of(ShapeName::Fanout, &args);
+        let single = Fig {
+            others: Summary::default(),
+            ..fig(1.0, 0.0, 2.0)
+        };
+        let s = Series {
+            sqlite: vec![single.clone(), single],
+            cluster: vec![fig(1.0, 3.0, 5.0), fig(2.0, 3.0, 7.0)],
+        };
+        let mut r = ScenarioResult::default();
+        report_shape(&mut r, &shape, &s);
+        let get = |k: &str| r.extra.get(k).cloned().unwrap_or(Value::Null);
+        assert_eq!(
+            get("fanout1x1000.cpu_us_per_delivery.cluster_over_sqlite"),
+            json!(3.0)
+        );
+        assert_eq!(get("fanout1x1000.hop_p50_ms"), json!([2.0, 1.0]));
+        assert_eq!(get("fanout1x1000.hop_p99_ms"), json!([4.0, 2.0]));
+        assert_eq!(
+            get("fanout1x1000.others_p99_ms"),
+            json!({"sqlite": [], "cluster": [6.0, 6.0]}),
+            "a single node has no receivers on other nodes"
+        );
+    }
+
+    impl ClusterArgs {
+        fn parse_from_defaults() -> Self {
+            #[derive(clap::Parser)]
+            struct Cli {
+                #[command(flatten)]
+                args: ClusterArgs,
+            }
+            <Cli as clap::Parser>::parse_from(["cluster"]).args
+        }
+    }
+}
