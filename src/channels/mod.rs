@@ -25,6 +25,8 @@ pub mod session;
 pub mod validate;
 
 #[cfg(test)]
+mod follow_tests;
+#[cfg(test)]
 mod props;
 #[cfg(test)]
 mod testing;

@@ -81,7 +81,12 @@ impl JetStreamJournal {
                 .map(|v| v.as_str().to_owned())
         };
         let writer = header(NODE_HEADER).or_else(|| header(FENCE_HEADER))?;
-        let me = writer == self.inner.node;
+        if writer == self.inner.node {
+            // This node's own write: its appends account for it (and one
+            // whose acknowledgement was lost is found by the channel's
+            // reload), so it never counts twice here.
+            return None;
+        }
         let pos = header(POS_HEADER).and_then(|p| p.parse::<u64>().ok());
         let batch = match pos {
             Some(_) => match serde_json::from_slice::<BatchMsg>(payload) {
@@ -95,10 +100,7 @@ impl JetStreamJournal {
         };
         let mut chans = self.inner.chans.lock();
         let c = chans.entry(uri.clone()).or_default();
-        if me && self.inner.owned.lock().contains_key(&uri) {
-            return None; // our own append, already applied
-        }
-        if !me && self.inner.owned.lock().remove(&uri).is_some() {
+        if self.inner.owned.lock().remove(&uri).is_some() {
             // Another node wrote a channel this node held: it took it over.
             c.fenced = Some(format!("node `{writer}` took the channel over"));
             self.inner.followed.lock().insert(uri.clone());

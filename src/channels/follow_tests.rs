@@ -1,0 +1,204 @@
+//! A follower copy of a channel (a cluster node that does not own it): it
+//! applies the owner's batches once each and in order, reads the store
+//! again after a gap, and hands its clients' actions to the owner, whose
+//! rejection reaches the client.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahp_types::actions::{ActionOrigin, StateAction};
+use parking_lot::Mutex;
+
+use super::forward::{ForwardReply, ForwardRequest};
+use super::recovery::Restore;
+use super::registry::ChannelAddr;
+use super::session::GetSessionState;
+use super::testing::{self, TestAgents, TestJournal};
+use super::{ClientDispatch, Dispatcher, Replicate, Subscribe};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
+use crate::publish::Outbound;
+use crate::store::cluster::{ClusterEvent, ClusterLink, ForwardHandler, LinkFuture};
+use crate::store::{Journal, JournalError, Replicated};
+
+/// A link on which this node owns nothing and every forward gets `reply`.
+struct FakeLink {
+    forwarded: Mutex<Vec<Vec<u8>>>,
+    reply: Vec<u8>,
+}
+
+impl ClusterLink for FakeLink {
+    fn node(&self) -> &str {
+        "follower"
+    }
+    fn owns(&self, _: &ChannelUri) -> bool {
+        false
+    }
+    fn follows(&self, _: &ChannelUri) {}
+    fn follow(&self, _: Arc<dyn Fn(ClusterEvent) + Send + Sync>) {}
+    fn forward(&self, _: &ChannelUri, body: Vec<u8>) -> LinkFuture<Result<Vec<u8>, String>> {
+        self.forwarded.lock().push(body);
+        Box::pin(std::future::ready(Ok(self.reply.clone())))
+    }
+    fn serve(&self, _: ForwardHandler) {}
+    fn orphans(&self, _: Vec<ChannelUri>) -> LinkFuture<Vec<ChannelUri>> {
+        Box::pin(std::future::ready(Vec::new()))
+    }
+    fn take_over(&self, _: Vec<ChannelUri>) -> LinkFuture<Result<bool, JournalError>> {
+        Box::pin(std::future::ready(Ok(false)))
+    }
+    fn release(&self, _: Vec<ChannelUri>) -> LinkFuture<()> {
+        Box::pin(std::future::ready(()))
+    }
+    fn watch_every(&self) -> Duration {
+        Duration::from_secs(60)
+    }
+}
+
+fn title(text: &str) -> StateAction {
+    serde_json::from_value(serde_json::json!({"type": "session/titleChanged", "title": text}))
+        .expect("an action")
+}
+
+fn origin(client: &str, seq: i64) -> ActionOrigin {
+    ActionOrigin {
+        client_id: client.into(),
+        client_seq: seq,
+    }
+}
+
+/// The owner's batch holding records `from..to` of `uri`, as a follower
+/// reads it from the stream.
+fn batch(journal: &TestJournal, uri: &str, from: u64, to: u64) -> Replicated {
+    let stored = journal
+        .load_channel(&uri.into())
+        .expect("readable")
+        .expect("stored");
+    let tail_start = stored.len.get() - stored.tail.len() as u64;
+    let records = stored.tail[(from - tail_start) as usize..(to - tail_start) as usize].to_vec();
+    Replicated {
+        channel: uri.into(),
+        writer: "owner".into(),
+        pos: JournalPos::new(from),
+        origins: vec![None; records.len()],
+        records,
+    }
+}
+
+fn title_frames(conn: &Outbound) -> Vec<String> {
+    testing::frames(conn)
+        .into_iter()
+        .filter(|f| f.contains("session/titleChanged"))
+        .collect()
+}
+
+#[actix::test]
+async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards_its_clients() {
+    let uri = "ahp-session:/s";
+    let journal = Arc::new(TestJournal::default());
+    let (agents, _turns) = TestAgents::new();
+    // The owner: an ordinary node on the journal.
+    let owner = testing::shared(journal.clone(), agents.clone());
+    let (owner_root, _) = testing::root(&owner).await;
+    let owned = testing::session(&owner, &owner_root, uri).await;
+    let owner_conn = Arc::new(Outbound::new(1 << 20));
+    let write = |text: &str, seq: i64| {
+        owned.do_send(ClientDispatch {
+            conn: Dispatcher::Conn(owner_conn.clone()),
+            origin: origin("ann", seq),
+            action: title(text),
+            as_agent: false,
+        })
+    };
+
+    // The follower: another node on the same journal, owning nothing.
+    let reply = ForwardReply::Rejected {
+        reason: "refused by the owner".into(),
+    };
+    let link = Arc::new(FakeLink {
+        forwarded: Mutex::default(),
+        reply: reply.encode(),
+    });
+    let follower = Arc::new(
+        super::context::Shared::new(
+            crate::Config::default(),
+            journal.clone(),
+            agents,
+            Vec::new(),
+            ServerSeq::ZERO,
+        )
+        .expect("serverSeq")
+        .with_cluster(Some(link.clone())),
+    );
+    let (follower_root, _) = testing::root(&follower).await;
+    follower_root
+        .send(Restore(journal.recover().expect("recover")))
+        .await
+        .expect("root runs")
+        .expect("restored");
+    let Some(ChannelAddr::Session(copy)) = follower.registry.get(uri).map(|c| c.addr) else {
+        panic!("the follower has the session");
+    };
+    let watcher = Arc::new(Outbound::new(1 << 20));
+    copy.send(Subscribe {
+        conn: watcher.clone(),
+        view_turns: None,
+    })
+    .await
+    .expect("runs")
+    .expect("subscribed");
+    let start = journal.len(&uri.into()).get();
+
+    // One batch: applied and published once, however often it arrives.
+    write("one", 1);
+    journal
+        .wait_event("the first title", |e| e.contains("\"one\""))
+        .await;
+    let first = batch(&journal, uri, start, start + 1);
+    copy.do_send(Replicate(first.clone()));
+    copy.do_send(Replicate(first));
+    let state = copy.send(GetSessionState).await.expect("runs");
+    assert_eq!(state.title, "one");
+    assert_eq!(title_frames(&watcher).len(), 1, "published once");
+
+    // A gap (the batch of "two" never arrived): the follower reads the
+    // store again and publishes both.
+    write("two", 2);
+    write("three", 3);
+    journal
+        .wait_event("the third title", |e| e.contains("\"three\""))
+        .await;
+    copy.do_send(Replicate(batch(&journal, uri, start + 2, start + 3)));
+    let state = copy.send(GetSessionState).await.expect("runs");
+    assert_eq!(state.title, "three");
+    let frames = title_frames(&watcher);
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    assert!(frames[0].contains("\"two\"") && frames[1].contains("\"three\""));
+
+    // A client of the follower: its action goes to the owner, and the
+    // owner's rejection comes back to it.
+    let client = Arc::new(Outbound::new(1 << 20));
+    copy.do_send(ClientDispatch {
+        conn: Dispatcher::Conn(client.clone()),
+        origin: origin("bob", 1),
+        action: title("from bob"),
+        as_agent: false,
+    });
+    let _ = copy.send(GetSessionState).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let sent = link.forwarded.lock().clone();
+    assert_eq!(sent.len(), 1);
+    let Ok(ForwardRequest::Dispatch {
+        channel, origin, ..
+    }) = ForwardRequest::decode(&sent[0])
+    else {
+        panic!("a forwarded dispatch");
+    };
+    assert_eq!((channel.as_str(), origin.client_id.as_str()), (uri, "bob"));
+    let got = testing::frames(&client);
+    assert!(
+        got.iter().any(|f| f.contains("refused by the owner")),
+        "{got:?}"
+    );
+    let state = copy.send(GetSessionState).await.expect("runs");
+    assert_eq!(state.title, "three", "nothing applied locally");
+}
