@@ -163,6 +163,13 @@ fn shell_quote(word: &str) -> String {
     }
 }
 
+/// `name` in a directory of `PATH`.
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
 /// Remove this run's scratch directory (logs, default data directories).
 pub fn remove_scratch() {
     let _ = std::fs::remove_dir_all(scratch_dir());
@@ -459,6 +466,53 @@ impl Server {
         let mut s = spawn_child(&exe, args, port, "baseline".into()).await?;
         s.label = "baseline (child, tokio + tungstenite)".into();
         Ok(s)
+    }
+
+    /// The Node.js peer: `node loadtest/node/room.js PORT` (a `ws` room
+    /// broadcast speaking the baseline's frames), its npm dependencies
+    /// installed first when `node_modules` is missing.
+    pub async fn node() -> anyhow::Result<Self> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("node");
+        let node = find_on_path("node").ok_or_else(|| {
+            anyhow!("the Node.js peer needs `node` (20 or later) on PATH; install Node.js or pass --peers tokio")
+        })?;
+        if !dir.join("node_modules").is_dir() {
+            let npm = find_on_path("npm").ok_or_else(|| {
+                anyhow!(
+                    "{} has no node_modules and `npm` is not on PATH to install them",
+                    dir.display()
+                )
+            })?;
+            note(format!(
+                "installing the Node.js peer's packages: npm ci --omit=dev in {}",
+                dir.display()
+            ));
+            let out = tokio::process::Command::new(&npm)
+                .args(["ci", "--omit=dev", "--no-audit", "--no-fund"])
+                .current_dir(&dir)
+                .stdin(Stdio::null())
+                .output()
+                .await
+                .with_context(|| format!("running {} ci", npm.display()))?;
+            if !out.status.success() {
+                bail!(
+                    "npm ci --omit=dev in {} failed ({}):\n{}",
+                    dir.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        let port = free_port()?;
+        let args = vec![dir.join("room.js").display().to_string(), port.to_string()];
+        let mut s = spawn_child(&node, args, port, "node".into()).await?;
+        s.label = "node (child, ws + bufferutil room broadcast)".into();
+        Ok(s)
+    }
+
+    /// Peak resident memory of the server process so far (`VmHWM`).
+    pub fn peak_rss(&self) -> Option<u64> {
+        self.pid.and_then(crate::sys::peak_rss_bytes)
     }
 
     /// Resident memory of the server process, when it is one we can see.

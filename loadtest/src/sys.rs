@@ -37,9 +37,21 @@ pub fn self_rss_bytes() -> Option<u64> {
     rss_bytes(std::process::id())
 }
 
+/// Peak resident set size of a process in bytes (`VmHWM` of
+/// `/proc/<pid>/status`): what a phase needed at its busiest, read after it.
+pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_kb(&status, "VmHWM:")
+}
+
 /// `VmRSS:   1234 kB` → bytes.
 pub fn parse_vm_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    parse_status_kb(status, "VmRSS:")
+}
+
+/// `<field>   1234 kB` of `/proc/<pid>/status` → bytes.
+fn parse_status_kb(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }

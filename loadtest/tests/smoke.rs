@@ -4,7 +4,7 @@
 
 use tandem_loadtest::scenarios::agent_stream::{self, AgentStreamArgs, Agents};
 use tandem_loadtest::scenarios::drafts::{self, DraftsArgs};
-use tandem_loadtest::scenarios::fanout::{self, Against, FanoutArgs};
+use tandem_loadtest::scenarios::fanout::{self, Against, FanoutArgs, Peer};
 use tandem_loadtest::server::ServerOpts;
 
 fn in_process() -> ServerOpts {
@@ -34,6 +34,8 @@ async fn fanout_measures_both_servers_without_loss() {
         drain: 5.0,
         pad: 16,
         against: Some(Against::Both),
+        peers: vec![Peer::Tokio],
+        rounds: 1,
         connect_concurrency: 8,
     };
     let r = fanout::run(&args, &in_process())
@@ -49,6 +51,42 @@ async fn fanout_measures_both_servers_without_loss() {
     assert!(r.p99_ms.is_some() && r.extra.contains_key("last_p99_ms"));
     assert_eq!(r.extra["baseline_lost"], 0);
     assert!(tandem_loadtest::report::svg(&[r]).contains("<polyline"));
+}
+
+/// The Node.js peer (`loadtest/node/room.js`) answers the driver's frames and
+/// delivers every action once and in order, side by side with Tandem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Node.js and npm (installs loadtest/node's packages when missing); run with --ignored"]
+async fn fanout_against_the_node_peer_reports_ratios() {
+    tandem_loadtest::progress::set_quiet(true);
+    let args = FanoutArgs {
+        chats: 1,
+        subscribers: 5,
+        publishers: 1,
+        rate: Some(50.0),
+        rate_fraction: 0.5,
+        seconds: 1.0,
+        max_seconds: 1.0,
+        window: 8,
+        no_max: true,
+        no_latency: false,
+        warmup: 0.2,
+        drain: 5.0,
+        pad: 0,
+        against: Some(Against::Both),
+        peers: vec![Peer::Node],
+        rounds: 2,
+        connect_concurrency: 8,
+    };
+    let r = fanout::run(&args, &in_process())
+        .await
+        .expect("fanout runs");
+    assert!(!r.failed, "notes: {:?}", r.notes);
+    assert_eq!(r.extra["node_lost"], 0);
+    assert_eq!(r.extra["node_reordered"], 0);
+    let rows = r.extra["vs_node"].as_array().expect("one row per round");
+    assert_eq!(rows.len(), 2);
+    assert!(rows[1]["p99_ms"]["ratio"].as_f64().is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

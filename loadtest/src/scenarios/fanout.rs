@@ -1,7 +1,9 @@
 //! `fanout`: C chats × S subscribers; P agents per chat stream
 //! `chat/draftChanged` actions; measure deliveries/s and the latency from
 //! publish to every receiver and to the last receiver of each action, against
-//! Tandem and the baseline in one invocation.
+//! Tandem and its peers in one invocation: the tokio baseline and a Node.js
+//! `ws` room broadcast (`loadtest/node/room.js`), Tandem then each peer per
+//! round, with Tandem/peer ratios for every round.
 //!
 //! Two phases per server, each on fresh connections and fresh sessions:
 //! 1. **max** — closed loop (`--window` actions per chat in flight until
@@ -31,12 +33,38 @@ use crate::stats::{Integrity, Summary};
 /// Which servers `fanout` runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Against {
-    /// Tandem, then the baseline, and their ratio.
+    /// Tandem, then each of `--peers`, and their ratios.
     Both,
     /// Tandem only.
     Tandem,
-    /// The baseline only.
+    /// The peers only.
     Baseline,
+}
+
+/// A server Tandem is measured against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Peer {
+    /// `loadtest/node/room.js`: what a team would write instead of Tandem.
+    Node,
+    /// The tokio + tungstenite baseline (`loadtest baseline`).
+    Tokio,
+}
+
+/// One server of a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tandem,
+    Peer(Peer),
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Tandem => "tandem",
+            Kind::Peer(Peer::Node) => "node",
+            Kind::Peer(Peer::Tokio) => "baseline",
+        }
+    }
 }
 
 /// `fanout` flags.
@@ -85,6 +113,13 @@ pub struct FanoutArgs {
     /// Which servers to run against [default: both, or tandem with --url].
     #[arg(long, value_enum)]
     pub against: Option<Against>,
+    /// Peers to measure Tandem against, in this order after Tandem.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "node,tokio")]
+    pub peers: Vec<Peer>,
+    /// Rounds of Tandem then each peer, alternating, so that drift on a
+    /// shared machine falls on every server alike.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     /// Handshakes in flight while connecting subscribers.
     #[arg(long, default_value_t = 128)]
     pub connect_concurrency: usize,
@@ -219,12 +254,92 @@ fn describe(o: &Outcome, what: &str) -> String {
     )
 }
 
-/// Figures of one server.
-#[derive(Default)]
+/// Figures of one server in one round.
 struct Figures {
+    kind: Kind,
+    round: usize,
     label: String,
     max: Option<Outcome>,
     lat: Option<Outcome>,
+    /// `VmHWM` after its phases: the most memory it held.
+    peak_rss: Option<u64>,
+}
+
+impl Figures {
+    /// The phase the side-by-side comparison reads: latency, else max.
+    fn compared(&self) -> Option<&Outcome> {
+        self.lat.as_ref().or(self.max.as_ref())
+    }
+}
+
+/// Server CPU microseconds per delivery of a phase.
+fn cpu_us_per_delivery(o: &Outcome) -> Option<f64> {
+    o.server_cpu_seconds
+        .map(|c| c * 1e6 / (o.deliveries_per_sec * o.window_seconds).max(1.0))
+}
+
+/// Tandem and a peer side by side in one round, with Tandem/peer ratios
+/// (below 1 means Tandem used less, or was faster).
+fn side_by_side(t: &Figures, p: &Figures) -> Option<serde_json::Value> {
+    let (to, po) = (t.compared()?, p.compared()?);
+    let (ta, pa) = (Summary::of(&to.all), Summary::of(&po.all));
+    let (tl, pl) = (Summary::of(&to.last), Summary::of(&po.last));
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let rows: [(&str, Option<f64>, Option<f64>); 5] = [
+        (
+            "server_cpu_us_per_delivery",
+            cpu_us_per_delivery(to),
+            cpu_us_per_delivery(po),
+        ),
+        ("p50_ms", Some(ta.p50_ms), Some(pa.p50_ms)),
+        ("p99_ms", Some(ta.p99_ms), Some(pa.p99_ms)),
+        ("last_p99_ms", Some(tl.p99_ms), Some(pl.p99_ms)),
+        ("peak_rss_mib", t.peak_rss.map(mib), p.peak_rss.map(mib)),
+    ];
+    let r3 = |v: f64| (v * 1000.0).round() / 1000.0;
+    let mut out = serde_json::Map::new();
+    out.insert("round".into(), json!(t.round + 1));
+    out.insert("peer".into(), json!(p.kind.name()));
+    for (key, tv, pv) in rows {
+        out.insert(
+            key.into(),
+            json!({
+                "tandem": tv.map(r3),
+                "peer": pv.map(r3),
+                "ratio": tv.zip(pv).map(|(a, b)| r3(a / b.max(1e-12))),
+            }),
+        );
+    }
+    Some(serde_json::Value::Object(out))
+}
+
+/// One line of a side-by-side: `key tandem / peer = ratio`, …
+fn describe_side_by_side(v: &serde_json::Value) -> String {
+    let keys = [
+        "server_cpu_us_per_delivery",
+        "p50_ms",
+        "p99_ms",
+        "last_p99_ms",
+        "peak_rss_mib",
+    ];
+    let parts: Vec<String> = keys
+        .iter()
+        .map(|key| {
+            let f = |w: &str| {
+                v[*key][w]
+                    .as_f64()
+                    .map(|x| format!("{x:.2}"))
+                    .unwrap_or_else(|| "?".into())
+            };
+            format!("{key} {} / {} = {}", f("tandem"), f("peer"), f("ratio"))
+        })
+        .collect();
+    format!(
+        "round {}: tandem / {}: {}",
+        v["round"],
+        v["peer"].as_str().unwrap_or("?"),
+        parts.join(", ")
+    )
 }
 
 fn cores(o: &Outcome) -> Option<f64> {
@@ -238,21 +353,24 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
     } else {
         Against::Both
     });
-    let which: Vec<bool> = match against {
-        Against::Both => vec![true, false],
-        Against::Tandem => vec![true],
-        Against::Baseline => vec![false],
+    let peers = args.peers.iter().map(|p| Kind::Peer(*p));
+    let order: Vec<Kind> = match against {
+        Against::Both => std::iter::once(Kind::Tandem).chain(peers).collect(),
+        Against::Tandem => vec![Kind::Tandem],
+        Against::Baseline => peers.collect(),
     };
     let mut rate = args.rate;
     let mut figures: Vec<Figures> = Vec::new();
     let plan = super::store::plan_default(opts, "fanout")?;
-    for is_tandem in which {
-        let server = if is_tandem {
-            Server::tandem(opts, &plan.args).await?
-        } else {
-            Server::baseline(opts).await?
+    let rounds = (0..args.rounds.max(1)).flat_map(|r| order.iter().map(move |k| (r, *k)));
+    for (round, kind) in rounds {
+        let is_tandem = kind == Kind::Tandem;
+        let server = match kind {
+            Kind::Tandem => Server::tandem(opts, &plan.args).await?,
+            Kind::Peer(Peer::Tokio) => Server::baseline(opts).await?,
+            Kind::Peer(Peer::Node) => Server::node().await?,
         };
-        let name = if is_tandem { "tandem" } else { "baseline" };
+        let name = kind.name();
         if is_tandem {
             note(format!(
                 "{name}: {} at {} ({})",
@@ -262,8 +380,12 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
             note(format!("{name}: {} at {}", server.label, server.url));
         }
         let mut f = Figures {
+            kind,
+            round,
             label: server.label.clone(),
-            ..Figures::default()
+            max: None,
+            lat: None,
+            peak_rss: None,
         };
         let result: anyhow::Result<()> = async {
             if !args.no_max {
@@ -307,6 +429,7 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
                 ));
                 f.lat = Some(o);
             }
+            f.peak_rss = server.peak_rss();
             Ok(())
         }
         .await;
@@ -328,19 +451,36 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
         "window": args.window,
         "pad": args.pad,
     });
-    let (main, base) = match against {
-        Against::Both => {
-            let mut it = figures.into_iter();
-            (it.next(), it.next())
+    let mut comparisons = Vec::new();
+    for t in figures.iter().filter(|f| f.kind == Kind::Tandem) {
+        for p in figures
+            .iter()
+            .filter(|p| p.round == t.round && p.kind != Kind::Tandem)
+        {
+            comparisons.extend(side_by_side(t, p));
         }
-        Against::Tandem => (figures.into_iter().next(), None),
-        Against::Baseline => (None, figures.into_iter().next()),
-    };
+    }
+    // The single-server figures below are each kind's first round; the
+    // side-by-side rows cover every round.
+    let mut main = None;
+    let mut base = None;
+    let mut node = None;
+    for f in figures {
+        let slot = match f.kind {
+            Kind::Tandem => &mut main,
+            Kind::Peer(Peer::Tokio) => &mut base,
+            Kind::Peer(Peer::Node) => &mut node,
+        };
+        if slot.is_none() {
+            *slot = Some(f);
+        }
+    }
     let mut r = ScenarioResult::new(
         "fanout",
         &main
             .as_ref()
             .or(base.as_ref())
+            .or(node.as_ref())
             .map(|f| f.label.clone())
             .unwrap_or_default(),
         params,
@@ -349,7 +489,7 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
         r.put("store", plan.label.clone());
     }
     let mut background: f64 = 0.0;
-    for f in main.iter().chain(base.iter()) {
+    for f in main.iter().chain(base.iter()).chain(node.iter()) {
         for o in f.max.iter().chain(f.lat.iter()) {
             background = background.max(o.background_cores().unwrap_or(0.0));
         }
@@ -435,15 +575,48 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
             r.deliveries_per_sec = None;
         }
     }
+    if let Some(n) = &node {
+        let mut ni = Integrity::default();
+        for o in n.max.iter().chain(n.lat.iter()) {
+            ni.add(o.integrity);
+        }
+        r.put("node_lost", ni.lost);
+        r.put("node_duplicated", ni.duplicated);
+        r.put("node_reordered", ni.reordered);
+        if let Some(o) = &n.lat {
+            r.put_latency("node", &Summary::of(&o.all));
+            r.put_latency("node_last", &Summary::of(&o.last));
+            r.curve("node → every receiver", &o.all);
+            r.curve("node → last receiver", &o.last);
+        }
+        if let Some(b) = n.peak_rss {
+            r.put("node_peak_rss_bytes", b);
+        }
+    }
+    if let Some(b) = main.as_ref().and_then(|f| f.peak_rss) {
+        r.put("server_peak_rss_bytes", b);
+    }
+    for p in &args.peers {
+        let name = Kind::Peer(*p).name();
+        let rows: Vec<_> = comparisons
+            .iter()
+            .filter(|v| v["peer"] == name)
+            .cloned()
+            .collect();
+        for row in &rows {
+            note(describe_side_by_side(row));
+            r.note(describe_side_by_side(row));
+        }
+        if !rows.is_empty() {
+            r.put(&format!("vs_{name}"), serde_json::Value::Array(rows));
+        }
+    }
     // Server CPU per delivery: what each server would do with the machine to
     // itself (the load generator shares the cores and often limits both).
     let us_per = |f: &Option<Figures>| {
         f.as_ref()
             .and_then(|f| f.max.as_ref().or(f.lat.as_ref()))
-            .and_then(|o| {
-                o.server_cpu_seconds
-                    .map(|c| c * 1e6 / (o.deliveries_per_sec * o.window_seconds).max(1.0))
-            })
+            .and_then(cpu_us_per_delivery)
     };
     let (tu, bu) = (us_per(&main), us_per(&base));
     if let Some(t) = tu {
