@@ -78,12 +78,16 @@ impl ChannelAddr {
         action: StateAction,
         as_agent: bool,
     ) {
-        let msg = ClientDispatch {
+        self.send_dispatch(ClientDispatch {
             conn: super::Dispatcher::Conn(conn),
             origin,
             action,
             as_agent,
-        };
+        });
+    }
+
+    /// Hand a dispatch to whichever actor is behind this address.
+    fn send_dispatch(&self, msg: ClientDispatch) {
         match self {
             ChannelAddr::Chat(a) => a.do_send(msg),
             ChannelAddr::Session(a) => a.do_send(msg),
@@ -134,17 +138,12 @@ impl ChannelAddr {
         as_agent: bool,
     ) -> impl Future<Output = Result<(), String>> + 'static {
         let (reply, rx) = super::ForwardedReply::new();
-        let msg = ClientDispatch {
+        self.send_dispatch(ClientDispatch {
             conn: super::Dispatcher::Forwarded(reply),
             origin,
             action,
             as_agent,
-        };
-        match self {
-            ChannelAddr::Chat(a) => a.do_send(msg),
-            ChannelAddr::Session(a) => a.do_send(msg),
-            ChannelAddr::Root(a) => a.do_send(msg),
-        }
+        });
         async move {
             rx.await
                 .unwrap_or_else(|_| Err("the channel went away".to_owned()))

@@ -156,19 +156,7 @@ impl Nats {
             truncations: Vec::new(),
         };
         let mut seq = from.max(1);
-        loop {
-            let got = self
-                .stream
-                .raw_message_builder()
-                .sequence(seq)
-                .next_by_subject(subject.clone())
-                .send()
-                .await;
-            let msg = match got {
-                Ok(m) => m,
-                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => break,
-                Err(e) => return Err(unavailable("read the journal", e)),
-            };
+        while let Some(msg) = self.next_on(&subject, seq).await? {
             seq = msg.sequence + 1;
             read.last_seq = msg.sequence;
             let Some(pos) = msg
@@ -206,6 +194,26 @@ impl Nats {
         Ok(read)
     }
 
+    /// The first message on `subject` at stream sequence `seq` or later.
+    async fn next_on(
+        &self,
+        subject: &str,
+        seq: u64,
+    ) -> Result<Option<async_nats::jetstream::message::StreamMessage>, JournalError> {
+        let got = self
+            .stream
+            .raw_message_builder()
+            .sequence(seq)
+            .next_by_subject(subject.to_owned())
+            .send()
+            .await;
+        match got {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable("read the journal", e)),
+        }
+    }
+
     /// The nodes that wrote `uri`'s messages after stream sequence `after`
     /// (a batch's writer, or a fence's).
     pub(super) async fn writers_after(
@@ -216,19 +224,7 @@ impl Nats {
         let subject = subject(uri);
         let mut writers = Vec::new();
         let mut seq = after + 1;
-        loop {
-            let got = self
-                .stream
-                .raw_message_builder()
-                .sequence(seq)
-                .next_by_subject(subject.clone())
-                .send()
-                .await;
-            let msg = match got {
-                Ok(m) => m,
-                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => break,
-                Err(e) => return Err(unavailable("read the journal", e)),
-            };
+        while let Some(msg) = self.next_on(&subject, seq).await? {
             seq = msg.sequence + 1;
             let writer = msg
                 .headers
