@@ -38,9 +38,13 @@ pub use outbound::{Outbound, Push};
 /// The subscribers of one channel. Shared between the channel's actor (which
 /// publishes) and reconnect handling (which re-registers under the publisher
 /// lock), so it lives outside the actor.
+///
+/// The list is copied on write: a publisher takes the current list with
+/// one reference count and writes to the sockets without holding any lock,
+/// so a subscribe never waits for a fan-out's writes.
 #[derive(Default)]
 pub struct Hub {
-    subscribers: Mutex<Vec<Arc<Outbound>>>,
+    subscribers: Mutex<Arc<Vec<Arc<Outbound>>>>,
 }
 
 impl Hub {
@@ -48,13 +52,16 @@ impl Hub {
     pub fn add(&self, conn: &Arc<Outbound>) {
         let mut subs = self.subscribers.lock();
         if !subs.iter().any(|s| s.id() == conn.id()) {
-            subs.push(conn.clone());
+            Arc::make_mut(&mut subs).push(conn.clone());
         }
     }
 
     /// Remove a connection.
     pub fn remove(&self, conn: ConnId) {
-        self.subscribers.lock().retain(|s| s.id() != conn);
+        let mut subs = self.subscribers.lock();
+        if subs.iter().any(|s| s.id() == conn) {
+            Arc::make_mut(&mut subs).retain(|s| s.id() != conn);
+        }
     }
 
     /// Whether a connection is subscribed.
@@ -72,15 +79,15 @@ impl Hub {
         self.len() == 0
     }
 
+    /// The subscribers now.
+    fn current(&self) -> Arc<Vec<Arc<Outbound>>> {
+        self.subscribers.lock().clone()
+    }
+
     /// Push a non-envelope frame (a protocol notification) about `session`
     /// to every subscriber allowed to see that session.
     pub fn notify_about(&self, session: &str, frame: &ByteString) {
-        for s in self
-            .subscribers
-            .lock()
-            .iter()
-            .filter(|s| s.sees_session(session))
-        {
+        for s in self.current().iter().filter(|s| s.sees_session(session)) {
             s.push(Push::Notification(frame.clone()));
         }
     }
@@ -317,7 +324,9 @@ impl Publisher {
         )
         .into();
         let frame = action_frame(&envelope);
-        let subs = hub.subscribers.lock();
+        // Queued under the lock (that is what keeps `serverSeq` order on
+        // every connection); written once it is released.
+        let subs = hub.current();
         let mut origin_delivered = false;
         for s in subs.iter() {
             if unscoped_only && s.is_scoped() {
@@ -326,14 +335,14 @@ impl Publisher {
             match origin_conn {
                 Some(o) if o.id() == s.id() => {
                     origin_delivered = true;
-                    s.push(Push::Echo(seq, frame.clone()));
+                    s.push_deferred(Push::Echo(seq, frame.clone()));
                 }
-                _ => s.push(Push::Envelope(seq, frame.clone())),
+                _ => s.push_deferred(Push::Envelope(seq, frame.clone())),
             }
         }
-        drop(subs);
-        if let (Some(o), false) = (origin_conn, origin_delivered) {
-            o.push(Push::Echo(seq, frame));
+        let origin = origin_conn.filter(|_| !origin_delivered);
+        if let Some(o) = origin {
+            o.push_deferred(Push::Echo(seq, frame));
         }
         if self.ring_len > 0 && envelope.len() <= self.ring_bytes_limit {
             while st.ring.len() >= self.ring_len
@@ -360,6 +369,13 @@ impl Publisher {
         }
         let evicted = st.evicted;
         st.numbers.prune(evicted);
+        drop(st);
+        for s in subs.iter() {
+            s.flush();
+        }
+        if let Some(o) = origin {
+            o.flush();
+        }
         seq
     }
 

@@ -1,10 +1,14 @@
 //! A connection's outbound queue, bounded in bytes.
 //!
 //! Publishers (chat, session and root actors) push frames without ever
-//! awaiting; the connection's socket side (the transport's response body,
-//! which polls [`Outbound::poll_take`]) takes everything queued in one go
-//! and writes it with one socket write, so a burst of envelopes costs one
-//! wake-up and one system call per connection rather than one per frame. When the queued bytes of *pushed* frames
+//! awaiting. When the connection's socket is free — nothing being written
+//! to it, nothing left over, the pacing deadline passed or the frame urgent
+//! — the pusher writes the queue to it at once ([`Wire`]): one `write` on
+//! the pusher's thread, no task woken. Otherwise the frames wait for the
+//! socket side ([`Outbound::poll_take`]), which takes everything queued in
+//! one go and writes it with one socket write, so a burst of envelopes
+//! costs one wake-up and one system call per connection rather than one
+//! per frame. When the queued bytes of *pushed* frames
 //! (envelopes, notifications) would pass the limit the connection is marked
 //! for eviction: the queue is dropped and the socket is closed with a reason.
 //! The client recovers everything with `reconnect` (invariant 5).
@@ -31,8 +35,10 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Waker};
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use actix_http::ws::{OpCode, Parser};
+use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use parking_lot::Mutex;
 
@@ -89,6 +95,9 @@ impl Frame {
 /// if set, the close to send.
 #[derive(Debug, Default)]
 pub struct Taken {
+    /// Bytes already encoded that a direct write left unsent: they go
+    /// first.
+    pub head: Bytes,
     /// Frames to write, in order.
     pub frames: VecDeque<Frame>,
     /// Close the socket for this cause after the frames.
@@ -161,6 +170,18 @@ struct State {
     /// Consecutive heartbeats, while closing, with no take in between (a
     /// close the socket cannot get to).
     stalled_beats: u32,
+    /// The socket, for writes made by whoever pushes (see [`Wire`]).
+    wire: Option<Arc<dyn Wire>>,
+    /// Least time between two writes of pushed frames (zero: no pacing).
+    pacing_interval: Duration,
+    /// When frames last went to the socket.
+    last_write: Option<Instant>,
+    /// The socket side took frames and has not finished writing them: it
+    /// owns the socket until [`Outbound::wrote`].
+    writing: bool,
+    /// Encoded bytes a direct write could not finish: the socket side
+    /// writes them before anything else.
+    unsent: Bytes,
 }
 
 impl State {
@@ -239,6 +260,11 @@ impl Outbound {
                 takes: 0,
                 seen_takes: 0,
                 stalled_beats: 0,
+                wire: None,
+                pacing_interval: Duration::ZERO,
+                last_write: None,
+                writing: false,
+                unsent: Bytes::new(),
             }),
             on_abandon: std::sync::OnceLock::new(),
         }
@@ -274,61 +300,120 @@ impl Outbound {
         self.last_rx_ms.store(now_ms(), Ordering::Relaxed);
     }
 
-    /// Queue `frame`; returns the socket side's waker, to call once the lock
-    /// is released.
-    fn enqueue(st: &mut State, frame: Frame) -> Option<Waker> {
-        st.frames.push_back(frame);
-        st.waker_for_new_frames()
-    }
-
-    /// Queue a frame that must not wait for the pacing deadline.
-    fn enqueue_urgent(st: &mut State, frame: Frame) -> Option<Waker> {
-        st.urgent = true;
-        Self::enqueue(st, frame)
-    }
-
-    /// Queue `frame` (already counted), held while gated unless it is a
-    /// control frame; returns the socket side's waker, to call once the lock
-    /// is released.
-    fn queue_counted(st: &mut State, frame: Frame, urgent: bool) -> Option<Waker> {
-        if st.gated && matches!(frame, Frame::Text { .. }) {
-            st.held.push_back(frame);
-            None
-        } else if urgent {
-            Self::enqueue_urgent(st, frame)
-        } else {
-            Self::enqueue(st, frame)
-        }
-    }
-
     /// Push a frame of the given class (see [`Push`]). Pushed frames count
-    /// against the limit; one past it evicts the connection.
+    /// against the limit; one past it evicts the connection. With a
+    /// [`Wire`], a frame that need not wait is written at once, on the
+    /// caller's thread.
     pub fn push(&self, push: Push<'_>) {
         let waker = {
             let mut st = self.state.lock();
-            if st.close.is_some() {
-                return;
-            }
-            let (frame, seq, urgent) = match push {
-                Push::Envelope(seq, data) => (Frame::text(data), Some(seq), false),
-                Push::Echo(seq, data) => (Frame::text(data), Some(seq), true),
-                Push::Notification(data) => (Frame::text(data), None, false),
-                Push::Response(data) => (Frame::text(data), None, true),
-                Push::AfterLastSeq(build) => (Frame::text(build(st.last_seq)), None, true),
-                Push::Pong(payload) => (Frame::Pong(payload), None, true),
-            };
-            let len = frame_len(&frame);
-            if st.bytes + len > self.limit_bytes {
-                Self::overflow(&mut st)
-            } else {
-                st.bytes += len;
-                if let Some(seq) = seq {
-                    st.last_seq = st.last_seq.max(seq);
-                }
-                Self::queue_counted(&mut st, frame, urgent)
-            }
+            self.enqueue_push(&mut st, push);
+            self.flush_locked(&mut st)
         };
         wake(waker);
+    }
+
+    /// Queue a frame like [`Outbound::push`] but neither write nor wake
+    /// anyone: the caller calls [`Outbound::flush`] later (a publisher does,
+    /// once out of its lock, so no socket write happens under it).
+    pub fn push_deferred(&self, push: Push<'_>) {
+        let mut st = self.state.lock();
+        self.enqueue_push(&mut st, push);
+    }
+
+    /// Send what is queued: write it now when the wire is free and the
+    /// pacing deadline has passed (or a frame is urgent), otherwise leave it
+    /// to the socket side, woken if it must act.
+    pub fn flush(&self) {
+        let waker = {
+            let mut st = self.state.lock();
+            self.flush_locked(&mut st)
+        };
+        wake(waker);
+    }
+
+    fn enqueue_push(&self, st: &mut State, push: Push<'_>) {
+        if st.close.is_some() {
+            return;
+        }
+        let (frame, seq, urgent) = match push {
+            Push::Envelope(seq, data) => (Frame::text(data), Some(seq), false),
+            Push::Echo(seq, data) => (Frame::text(data), Some(seq), true),
+            Push::Notification(data) => (Frame::text(data), None, false),
+            Push::Response(data) => (Frame::text(data), None, true),
+            Push::AfterLastSeq(build) => (Frame::text(build(st.last_seq)), None, true),
+            Push::Pong(payload) => (Frame::Pong(payload), None, true),
+        };
+        let len = frame_len(&frame);
+        if st.bytes + len > self.limit_bytes {
+            Self::overflow(st);
+        } else {
+            st.bytes += len;
+            if let Some(seq) = seq {
+                st.last_seq = st.last_seq.max(seq);
+            }
+            if st.gated && matches!(frame, Frame::Text { .. }) {
+                st.held.push_back(frame);
+            } else {
+                st.urgent |= urgent;
+                st.frames.push_back(frame);
+            }
+        }
+    }
+
+    /// The flush under the lock: returns whom to wake.
+    fn flush_locked(&self, st: &mut State) -> Option<Waker> {
+        if st.close.is_some() {
+            // Closing (an overflow drops the queue): the socket side sends
+            // the close.
+            return st.waker.take();
+        }
+        if st.frames.is_empty() {
+            return None;
+        }
+        let Some(wire) = st.wire.clone() else {
+            return st.waker_for_new_frames();
+        };
+        if st.writing {
+            // The socket side is writing and takes the rest when done.
+            return None;
+        }
+        if !st.unsent.is_empty() {
+            return st.waker.take();
+        }
+        let now = Instant::now();
+        let paced = !st.urgent
+            && !st.pacing_interval.is_zero()
+            && st.last_write.is_some_and(|t| t + st.pacing_interval > now);
+        if paced {
+            // The socket side keeps the deadline (woken once to set it).
+            return st.waker_for_new_frames();
+        }
+        let frames = take_frames(st);
+        let more = !st.frames.is_empty();
+        if !more {
+            st.urgent = false;
+        }
+        st.takes = st.takes.wrapping_add(1);
+        st.last_write = Some(now);
+        SCRATCH.with_borrow_mut(|buf| {
+            buf.clear();
+            encode_frames(buf, frames);
+            // Would block, or failed: the socket side writes what is left
+            // and finds out.
+            let written: usize = wire.try_write(buf).unwrap_or_default();
+            if written < buf.len() {
+                st.unsent = Bytes::copy_from_slice(&buf[written..]);
+            }
+            if buf.capacity() > SCRATCH_KEEP {
+                *buf = BytesMut::new();
+            }
+        });
+        if more || !st.unsent.is_empty() {
+            st.waker.take()
+        } else {
+            None
+        }
     }
 
     /// The queue passed its limit: drop it and close with
@@ -371,11 +456,7 @@ impl Outbound {
             // Responses may be among the held frames: do not hold them longer.
             st.urgent |= !held.is_empty();
             st.frames.extend(held);
-            if st.frames.is_empty() {
-                None
-            } else {
-                st.waker_for_new_frames()
-            }
+            self.flush_locked(&mut st)
         };
         wake(waker);
     }
@@ -409,15 +490,16 @@ impl Outbound {
     /// socket side keeps its own deadline.
     ///
     /// Taken frames no longer count against the limit: from here on the
-    /// HTTP layer's write buffer and the kernel hold them. While the peer
+    /// socket side's write buffer and the kernel hold them. While the peer
     /// does not read, that buffer does not drain, the socket side stops
     /// taking, and the queue grows until it overflows; the kernel gives up
     /// on a peer that acknowledges nothing for the idle timeout
     /// (`TCP_USER_TIMEOUT`).
     pub fn poll_take(&self, cx: &mut Context<'_>, pace: bool) -> Take {
         let mut st = self.state.lock();
-        let empty = st.frames.is_empty() && st.close.is_none();
-        if empty || (pace && !st.urgent && st.close.is_none()) {
+        let empty = st.frames.is_empty() && st.close.is_none() && st.unsent.is_empty();
+        let waits = pace && !st.urgent && st.close.is_none() && st.unsent.is_empty();
+        if empty || waits {
             if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 st.waker = Some(cx.waker().clone());
             }
@@ -426,28 +508,9 @@ impl Outbound {
         }
         st.pacing = false;
         st.takes = st.takes.wrapping_add(1);
-        let mut budget = TAKE_BUDGET;
-        let n = st
-            .frames
-            .iter()
-            .position(|f| {
-                let len = frame_len(f);
-                if len > budget {
-                    return true;
-                }
-                budget -= len;
-                false
-            })
-            .unwrap_or(st.frames.len())
-            .max(1)
-            .min(st.frames.len());
-        let frames: VecDeque<Frame> = if n == st.frames.len() {
-            std::mem::take(&mut st.frames)
-        } else {
-            st.frames.drain(..n).collect()
-        };
-        st.bytes -= frames.iter().map(counted_len).sum::<usize>();
-        st.reply_bytes -= frames.iter().map(reply_len).sum::<usize>();
+        st.writing = st.wire.is_some();
+        let head = std::mem::take(&mut st.unsent);
+        let frames = take_frames(&mut st);
         let more = !st.frames.is_empty();
         // A backlog is taken again at once (no pacing), so urgency only
         // needs clearing once everything has gone.
@@ -455,10 +518,42 @@ impl Outbound {
             st.urgent = false;
         }
         Take::Ready(Taken {
+            head,
             frames,
             close: if more { None } else { st.close.clone() },
             more,
         })
+    }
+
+    /// Let pushers write to `wire` themselves (see [`Wire`]), at most once
+    /// per `pacing` for frames that are not urgent.
+    pub fn attach(&self, wire: Arc<dyn Wire>, pacing: Duration) {
+        let mut st = self.state.lock();
+        st.wire = Some(wire);
+        st.pacing_interval = pacing;
+    }
+
+    /// When frames last went to the socket.
+    pub fn last_write(&self) -> Option<Instant> {
+        self.state.lock().last_write
+    }
+
+    /// The socket side finished writing what it took: pushers may write
+    /// again. `backlog`: it took only part of the queue, so the pacing
+    /// deadline does not start yet.
+    pub fn wrote(&self, backlog: bool) {
+        let mut st = self.state.lock();
+        st.writing = false;
+        // A backlog goes out as fast as the socket takes it.
+        st.last_write = (!backlog).then(Instant::now);
+    }
+
+    /// The socket is done: nobody writes to it any more.
+    pub fn detach(&self) {
+        let mut st = self.state.lock();
+        st.wire = None;
+        st.writing = false;
+        st.unsent = Bytes::new();
     }
 
     /// The heartbeat, once per interval: close a connection whose client sent
@@ -537,6 +632,74 @@ impl Outbound {
 /// queued, and counted, until the socket has room again. Bounds what a
 /// connection holds outside its queue to this plus the HTTP layer's buffer.
 const TAKE_BUDGET: usize = 64 * 1024;
+
+/// Take frames from the front of the queue, at most [`TAKE_BUDGET`] bytes
+/// (at least one frame), uncounting them.
+fn take_frames(st: &mut State) -> VecDeque<Frame> {
+    let mut budget = TAKE_BUDGET;
+    let n = st
+        .frames
+        .iter()
+        .position(|f| {
+            let len = frame_len(f);
+            if len > budget {
+                return true;
+            }
+            budget -= len;
+            false
+        })
+        .unwrap_or(st.frames.len())
+        .max(1)
+        .min(st.frames.len());
+    let frames: VecDeque<Frame> = if n == st.frames.len() {
+        std::mem::take(&mut st.frames)
+    } else {
+        st.frames.drain(..n).collect()
+    };
+    st.bytes -= frames.iter().map(counted_len).sum::<usize>();
+    st.reply_bytes -= frames.iter().map(reply_len).sum::<usize>();
+    frames
+}
+
+/// A connection's socket, written by whoever pushes a frame when nothing
+/// else is being written to it: a frame to a waiting subscriber then costs
+/// one `write` on the publisher's thread, with no task to wake and no
+/// buffer to copy it through. The socket side (which owns the socket and
+/// waits for room when it is full) writes everything else.
+pub trait Wire: Send + Sync {
+    /// Write as much of `buf` as the socket takes now, without waiting.
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize>;
+}
+
+/// Capacity of the per-thread encoding buffer kept between direct writes.
+const SCRATCH_KEEP: usize = 256 * 1024;
+
+thread_local! {
+    /// Frames encoded for a direct write (one per thread, reused).
+    static SCRATCH: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
+}
+
+/// Bytes of `frames` on the wire, at most (headers included).
+pub fn encoded_len(frames: &VecDeque<Frame>) -> usize {
+    frames.iter().map(|f| frame_len(f) + 10).sum()
+}
+
+/// Append `frames` to `buf` as server WebSocket frames (unmasked).
+pub fn encode_frames(buf: &mut BytesMut, frames: VecDeque<Frame>) {
+    buf.reserve(encoded_len(&frames));
+    for frame in frames {
+        match frame {
+            Frame::Text { data, .. } => {
+                Parser::write_message(buf, data.as_bytes(), OpCode::Text, true, false)
+            }
+            Frame::Ping => Parser::write_message(buf, b"", OpCode::Ping, true, false),
+            Frame::Pong(payload) => {
+                let payload = &payload[..payload.len().min(125)];
+                Parser::write_message(buf, payload, OpCode::Pong, true, false)
+            }
+        }
+    }
+}
 
 fn frame_len(f: &Frame) -> usize {
     match f {

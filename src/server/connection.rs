@@ -86,8 +86,6 @@ impl Connection {
             ctx.add_stream(inbound);
             conn
         });
-        let abandoned = addr.clone();
-        out.set_on_abandon(move || abandoned.do_send(SocketGone));
         Box::new(move || addr.do_send(SocketGone))
     }
 

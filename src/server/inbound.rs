@@ -1,5 +1,5 @@
 //! The client's side of the WebSocket: [`Inbound`] decodes the frames
-//! arriving on the upgraded request's payload with actix-http's codec and
+//! arriving on the socket ([`super::socket::Reader`]) with actix-http's codec and
 //! reassembles fragmented messages, refusing any frame or message over the
 //! frame limit as soon as its header announces it.
 
@@ -8,7 +8,6 @@ use std::task::{ready, Context, Poll};
 
 use actix_codec::Decoder;
 use actix_http::ws::{CloseReason, Codec, Frame as WsFrame, Item, ProtocolError};
-use actix_web::dev::Payload;
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use futures_util::Stream;
@@ -78,7 +77,7 @@ fn announced_len(buf: &[u8]) -> Option<u64> {
 /// The client's frames: decoded, continuations reassembled up to the limit.
 /// Ends after a close frame, an error, or the end of the stream.
 pub struct Inbound {
-    payload: Payload,
+    payload: Bytestream,
     codec: Codec,
     buf: BytesMut,
     /// A fragmented message being reassembled: is it text, and its bytes.
@@ -88,11 +87,17 @@ pub struct Inbound {
     done: bool,
 }
 
+/// Where the client's bytes come from.
+pub type Bytestream = Pin<Box<dyn Stream<Item = std::io::Result<Bytes>>>>;
+
 impl Inbound {
     /// Read `payload`, refusing frames and messages over `limit` bytes.
-    pub fn new(payload: Payload, limit: usize) -> Self {
+    pub fn new(
+        payload: impl Stream<Item = std::io::Result<Bytes>> + 'static,
+        limit: usize,
+    ) -> Self {
         Self {
-            payload,
+            payload: Box::pin(payload),
             codec: Codec::new().max_size(limit),
             buf: BytesMut::new(),
             parts: None,
@@ -216,14 +221,9 @@ mod tests {
         let stream = futures_util::stream::iter(
             chunks
                 .into_iter()
-                .map(|c| Ok::<_, actix_web::error::PayloadError>(Bytes::from(c))),
+                .map(|c| Ok::<_, std::io::Error>(Bytes::from(c))),
         );
-        Inbound::new(
-            Payload::Stream {
-                payload: Box::pin(stream),
-            },
-            limit,
-        )
+        Inbound::new(stream, limit)
     }
 
     /// A masked client frame.
@@ -284,13 +284,8 @@ mod tests {
         let endless = futures_util::stream::iter(
             std::iter::once(header).chain(std::iter::repeat(vec![b'x'; 4096])),
         )
-        .map(|c| Ok::<_, actix_web::error::PayloadError>(Bytes::from(c)));
-        let mut inbound = Inbound::new(
-            Payload::Stream {
-                payload: Box::pin(endless),
-            },
-            1024,
-        );
+        .map(|c| Ok::<_, std::io::Error>(Bytes::from(c)));
+        let mut inbound = Inbound::new(endless, 1024);
         assert_eq!(
             inbound.next().await.unwrap().unwrap_err(),
             ReadError::TooLarge(1024)

@@ -40,7 +40,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use actix_web::{web, App, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpResponse};
 use anyhow::Context as _;
 
 use self::access::{OriginConfigError, OriginPolicy};
@@ -157,6 +157,55 @@ fn tune_socket(tcp: &actix_web::rt::net::TcpStream, idle_timeout: std::time::Dur
     let _ = idle_timeout;
 }
 
+/// The HTTP server: actix-web serves the web client and `/healthz`; every
+/// WebSocket upgrade is handed, with its socket, to [`upgrade::serve`].
+fn http_server(
+    state: &Arc<AppState>,
+    config: &Config,
+    listener: std::net::TcpListener,
+) -> anyhow::Result<actix_web::dev::Server> {
+    use actix_service::{fn_service, map_config, IntoServiceFactory as _, ServiceFactoryExt as _};
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let idle_timeout = config.idle_timeout;
+    let state = state.clone();
+    Ok(actix_server::Server::build()
+        .workers(config.http_workers.max(1))
+        .disable_signals()
+        .shutdown_timeout(5)
+        .listen("tandem", listener, move || {
+            let app_state = state.clone();
+            let ws_state = state.clone();
+            let app = App::new()
+                .app_data(web::Data::from(app_state))
+                .route("/ahp", web::get().to(upgrade::ahp_plain))
+                .route("/healthz", web::get().to(healthz))
+                .configure(web_ui::routes);
+            actix_http::HttpService::build()
+                .client_request_timeout(std::time::Duration::from_secs(5))
+                .client_disconnect_timeout(std::time::Duration::from_secs(1))
+                .local_addr(addr)
+                .on_connect_ext(move |tcp: &actix_web::rt::net::TcpStream, _| {
+                    tune_socket(tcp, idle_timeout)
+                })
+                .upgrade(fn_service(move |(req, framed)| {
+                    let state = ws_state.clone();
+                    async move {
+                        upgrade::serve(state, req, framed)
+                            .await
+                            .map_err(actix_web::Error::from)
+                    }
+                }))
+                .finish(map_config(
+                    app.into_factory()
+                        .map_err(|e: actix_web::Error| e.error_response()),
+                    |_| actix_web::dev::AppConfig::default(),
+                ))
+                .tcp()
+        })
+        .context("listening")?
+        .run())
+}
+
 /// Serve AHP on `listener` until `shutdown` resolves, then stop gracefully:
 /// connections are closed with a reason and in-flight work finishes.
 ///
@@ -263,25 +312,7 @@ where
                     principals: Principals::default(),
                 });
                 let app_state = state.clone();
-                let idle_timeout = config.idle_timeout;
-                let server = HttpServer::new(move || {
-                    App::new()
-                        .app_data(web::Data::from(app_state.clone()))
-                        .route("/ahp", web::get().to(upgrade::ahp_ws))
-                        .route("/healthz", web::get().to(healthz))
-                        .configure(web_ui::routes)
-                })
-                .on_connect(move |conn, _| {
-                    if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
-                        tune_socket(tcp, idle_timeout);
-                    }
-                })
-                .workers(config.http_workers.max(1))
-                .disable_signals()
-                .shutdown_timeout(5)
-                .listen(listener)
-                .context("listening")?
-                .run();
+                let server = http_server(&app_state, &config, listener)?;
                 actix::spawn(socket::heartbeat(
                     state.connections.clone(),
                     config.heartbeat_interval,
@@ -310,6 +341,13 @@ where
     tracing::info!("shutting down");
     for conn in connections.queues() {
         conn.close(CloseCause::Shutdown);
+    }
+    // Upgraded sockets are ours, not the HTTP server's: give their closes
+    // time to go out (each connection ends once its close is written and
+    // the client answered, or after the linger) before the workers stop.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while connections.open_len() > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     handle.stop(true).await;
     let served = tokio::task::spawn_blocking(move || thread.join())

@@ -1,34 +1,46 @@
-//! The WebSocket itself, on actix-http's HTTP/1 dispatcher.
+//! The WebSocket itself: a TCP stream taken over from actix-http's HTTP/1
+//! dispatcher once the upgrade is answered ([`super::upgrade`]).
 //!
-//! The upgrade response's body is [`OutBody`]: when the dispatcher has room
-//! in its write buffer it polls the body, which takes *everything* queued on
-//! the connection's [`Outbound`] and encodes it into one chunk, so a burst of
-//! envelopes costs one wake-up and one socket write per connection. No task
-//! or channel sits between the publishers and the socket. Writes are paced:
-//! on a connection written less than `--write-pacing-ms` ago, pushed frames
-//! wait until that much time has passed, so under a heavy stream they go
-//! out several per write (replies, pongs and closes never wait). Frames from
-//! the client arrive through [`super::inbound::Inbound`]. One [`heartbeat`]
-//! task pings every connection,
-//! closes the idle ones and lets go of those whose close cannot be written.
+//! Three parties use the socket. The connection's [`Outbound`] writes to it
+//! directly ([`Wire`]): a publisher pushing a frame to a connection with
+//! nothing else in flight writes it on its own thread, one `write` per
+//! delivery, with no task to wake. The [`writer`] task writes everything
+//! else — what a direct write could not finish, backlogs, frames held for
+//! the pacing deadline, pings and the close — and is the only one that
+//! waits for room. The [`Reader`] feeds the client's bytes to
+//! [`super::inbound::Inbound`].
+//!
+//! Writes are paced: on a connection written less than `--write-pacing-ms`
+//! ago, pushed frames wait until that much time has passed, so under a
+//! heavy stream they go out several per write (replies, pongs and closes
+//! never wait). One [`heartbeat`] task pings every connection, closes the
+//! idle ones and lets go of those whose close cannot be written.
+//!
+//! An idle connection holds no buffer: reads go through a per-thread
+//! buffer and only an incomplete frame is kept; frames are encoded per write.
 //!
 //! The socket knows nothing of the connection actor above it: it is handed
 //! an [`OnGone`] callback to call once the socket is done.
 
-use std::convert::Infallible;
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use actix_http::body::{BodySize, MessageBody};
-use actix_http::ws::{CloseCode, CloseReason, OpCode, Parser};
+use actix_http::ws::{CloseCode, CloseReason, Parser};
+use actix_web::rt::net::TcpStream;
 use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
+use tokio::sync::Notify;
 use tokio::time::Sleep;
 
 use super::admission::Connections;
-use crate::publish::outbound::{Beat, CloseCause, Frame, Outbound, Take, Taken};
+use crate::publish::outbound::{
+    encode_frames, encoded_len, Beat, CloseCause, Outbound, Take, Taken, Wire,
+};
 
 /// RFC 6455: a close frame's reason is at most 123 bytes (strict clients
 /// such as Chromium fail the connection on longer ones).
@@ -88,53 +100,229 @@ pub fn close_reason(cause: &CloseCause) -> CloseReason {
 
 /// Called once when the socket is done (closed by us, by the peer, or
 /// failed), so whoever serves the connection lets it go.
-pub type OnGone = Box<dyn FnOnce()>;
+pub type OnGone = Box<dyn FnOnce() + Send>;
 
-/// The upgrade response's body: the connection's outbound frames.
-pub struct OutBody {
+/// How long, after sending its close, the server keeps reading while the
+/// client answers with its own and closes: closing a socket with unread
+/// bytes would reset the connection and could lose the close frame.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Bytes one read takes at most.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// One connection's TCP stream, shared by its reader, its writer task and
+/// direct writes.
+pub struct Socket {
+    tcp: TcpStream,
+    /// The reader is done (end of stream, error, or dropped).
+    read_done: AtomicBool,
+    read_done_notify: Notify,
+}
+
+impl Socket {
+    /// Wrap an upgraded stream.
+    pub fn new(tcp: TcpStream) -> Arc<Self> {
+        Arc::new(Self {
+            tcp,
+            read_done: AtomicBool::new(false),
+            read_done_notify: Notify::new(),
+        })
+    }
+
+    fn mark_read_done(&self) {
+        if !self.read_done.swap(true, Ordering::AcqRel) {
+            self.read_done_notify.notify_waiters();
+        }
+    }
+
+    /// Wait until the reader is done, at most `limit`.
+    async fn read_done_within(&self, limit: Duration) {
+        let notified = self.read_done_notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if !self.read_done.load(Ordering::Acquire) {
+            let _ = tokio::time::timeout(limit, notified).await;
+        }
+    }
+
+    /// Write all of `buf`, waiting for room.
+    async fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            match self.tcp.try_write(buf) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.tcp.writable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Wire for Socket {
+    fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.tcp.try_write(buf)
+    }
+}
+
+thread_local! {
+    /// Where reads land before the bytes are handed on (one per thread).
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; READ_CHUNK]);
+}
+
+/// The client's bytes, as they arrive. Ends at the end of the stream or on
+/// an error.
+pub struct Reader {
+    socket: Arc<Socket>,
+    /// Bytes that arrived with the upgrade request, handed on first.
+    early: Option<Bytes>,
+}
+
+impl Reader {
+    /// Read `socket`, starting with `early` (bytes read with the request).
+    pub fn new(socket: Arc<Socket>, early: Bytes) -> Self {
+        Self {
+            socket,
+            early: (!early.is_empty()).then_some(early),
+        }
+    }
+}
+
+impl Stream for Reader {
+    type Item = io::Result<Bytes>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(early) = this.early.take() {
+            return Poll::Ready(Some(Ok(early)));
+        }
+        if this.socket.read_done.load(Ordering::Acquire) {
+            return Poll::Ready(None);
+        }
+        loop {
+            if let Err(e) = std::task::ready!(this.socket.tcp.poll_read_ready(cx)) {
+                this.socket.mark_read_done();
+                return Poll::Ready(Some(Err(e)));
+            }
+            let read = READ_BUF.with_borrow_mut(|buf| {
+                this.socket
+                    .tcp
+                    .try_read(buf)
+                    .map(|n| Bytes::copy_from_slice(&buf[..n]))
+            });
+            match read {
+                Ok(bytes) if bytes.is_empty() => {
+                    this.socket.mark_read_done();
+                    return Poll::Ready(None);
+                }
+                Ok(bytes) => return Poll::Ready(Some(Ok(bytes))),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => {
+                    this.socket.mark_read_done();
+                    return Poll::Ready(Some(Err(e)));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.socket.mark_read_done();
+    }
+}
+
+/// Lets the connection go however the writer ends (done, failed, aborted).
+struct Gone {
     out: Arc<Outbound>,
-    /// Taken (and called) when the body is dropped.
     on_gone: Option<OnGone>,
-    /// The close frame has been written.
-    closed: bool,
-    /// Least time between two writes of pushed frames (zero: no pacing).
+}
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        // Nobody writes to the socket any more; the connection has nothing
+        // left to serve.
+        self.out.detach();
+        self.out.close(CloseCause::Normal);
+        if let Some(gone) = self.on_gone.take() {
+            gone();
+        }
+    }
+}
+
+/// The connection's writer: writes what the pushers left to it, at most
+/// one write of pushed frames per `pacing`, then the close. Calls `on_gone`
+/// when it ends, however it ends.
+pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, pacing: Duration, on_gone: OnGone) {
+    let _gone = Gone {
+        out: out.clone(),
+        on_gone: Some(on_gone),
+    };
+    let mut pacer = Pacer {
+        out: &out,
+        pacing,
+        timer: None,
+    };
+    loop {
+        let taken = poll_fn(|cx| pacer.poll_take(cx)).await;
+        let more = taken.more;
+        let (buf, closing) = encode(&out, taken);
+        if socket.write_all(&buf).await.is_err() {
+            return;
+        }
+        out.wrote(more);
+        if closing {
+            let _ = socket2::SockRef::from(&socket.tcp).shutdown(std::net::Shutdown::Write);
+            socket.read_done_within(LINGER).await;
+            return;
+        }
+    }
+}
+
+/// The bytes of one write: what a direct write left, the frames, the close.
+fn encode(out: &Outbound, taken: Taken) -> (BytesMut, bool) {
+    let mut buf = BytesMut::with_capacity(
+        taken.head.len() + encoded_len(&taken.frames) + 4 + MAX_CLOSE_REASON,
+    );
+    buf.extend_from_slice(&taken.head);
+    encode_frames(&mut buf, taken.frames);
+    let closing = taken.close.is_some();
+    if let Some(cause) = taken.close {
+        match &cause {
+            CloseCause::Shutdown | CloseCause::Normal | CloseCause::ClientClosed(_) => {
+                tracing::debug!(conn = %out.id(), ?cause, "closing connection")
+            }
+            _ => tracing::info!(conn = %out.id(), ?cause, "closing connection"),
+        }
+        Parser::write_close(&mut buf, Some(close_reason(&cause)), false);
+    }
+    (buf, closing)
+}
+
+/// The writer's view of the queue, with its pacing deadline.
+struct Pacer<'a> {
+    out: &'a Outbound,
     pacing: Duration,
-    /// When frames were last taken.
-    last_write: Option<Instant>,
     /// The pacing deadline's timer, kept once a connection has needed one.
     timer: Option<Pin<Box<Sleep>>>,
 }
 
-impl OutBody {
-    /// The body writing `out`, at most one write of pushed frames per
-    /// `pacing`; `on_gone` is called once the socket is done.
-    pub fn new(out: Arc<Outbound>, on_gone: OnGone, pacing: Duration) -> Self {
-        Self {
-            out,
-            on_gone: Some(on_gone),
-            closed: false,
-            pacing,
-            last_write: None,
-            timer: None,
-        }
-    }
-
+impl Pacer<'_> {
     /// Take what is queued; pushed frames wait for the pacing deadline.
     /// Within the pacing window only the timer (or an urgent frame) wakes
-    /// the socket, so a busy connection costs one wake-up per write.
+    /// the writer, so a busy connection costs one wake-up per write.
     fn poll_take(&mut self, cx: &mut Context<'_>) -> Poll<Taken> {
         let mut passed = false;
         loop {
             let due = self
-                .last_write
+                .out
+                .last_write()
                 .map(|t| t + self.pacing)
-                .filter(|due| !passed && !self.pacing.is_zero() && *due > Instant::now());
+                .filter(|due| {
+                    !passed && !self.pacing.is_zero() && *due > std::time::Instant::now()
+                });
             match (self.out.poll_take(cx, due.is_some()), due) {
-                (Take::Ready(taken), _) => {
-                    // A backlog goes out as fast as the socket takes it.
-                    self.last_write = (!taken.more).then(Instant::now);
-                    return Poll::Ready(taken);
-                }
+                (Take::Ready(taken), _) => return Poll::Ready(taken),
                 (Take::Empty, None) => return Poll::Pending,
                 (Take::Empty | Take::Paced, Some(due)) => {
                     let due = due.into();
@@ -155,70 +343,6 @@ impl OutBody {
                 }
                 (Take::Paced, None) => unreachable!("paced only when asked to pace"),
             }
-        }
-    }
-}
-
-fn encoded_len(frame: &Frame) -> usize {
-    let payload = match frame {
-        Frame::Text { data, .. } => data.len(),
-        Frame::Ping => 0,
-        Frame::Pong(p) => p.len(),
-    };
-    payload + 10
-}
-
-impl MessageBody for OutBody {
-    type Error = Infallible;
-
-    fn size(&self) -> BodySize {
-        BodySize::Stream
-    }
-
-    fn poll_next(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
-        let this = self.get_mut();
-        if this.closed {
-            return Poll::Ready(None);
-        }
-        let taken = ready!(this.poll_take(cx));
-        let size = taken.frames.iter().map(encoded_len).sum::<usize>() + 2 + MAX_CLOSE_REASON;
-        let mut buf = BytesMut::with_capacity(size);
-        for frame in taken.frames {
-            match frame {
-                Frame::Text { data, .. } => {
-                    Parser::write_message(&mut buf, data.as_bytes(), OpCode::Text, true, false)
-                }
-                Frame::Ping => Parser::write_message(&mut buf, b"", OpCode::Ping, true, false),
-                Frame::Pong(payload) => {
-                    let payload = &payload[..payload.len().min(125)];
-                    Parser::write_message(&mut buf, payload, OpCode::Pong, true, false)
-                }
-            }
-        }
-        if let Some(cause) = taken.close {
-            match &cause {
-                CloseCause::Shutdown | CloseCause::Normal | CloseCause::ClientClosed(_) => {
-                    tracing::debug!(conn = %this.out.id(), ?cause, "closing connection")
-                }
-                _ => tracing::info!(conn = %this.out.id(), ?cause, "closing connection"),
-            }
-            Parser::write_close(&mut buf, Some(close_reason(&cause)), false);
-            this.closed = true;
-        }
-        Poll::Ready(Some(Ok(buf.freeze())))
-    }
-}
-
-impl Drop for OutBody {
-    fn drop(&mut self) {
-        // The socket is done (closed by us, by the peer, or failed): the
-        // connection has nothing left to serve.
-        self.out.close(CloseCause::Normal);
-        if let Some(gone) = self.on_gone.take() {
-            gone();
         }
     }
 }

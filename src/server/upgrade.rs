@@ -4,79 +4,63 @@
 //!
 //! A refusal is an HTTP status with a JSON-RPC-shaped error body, so a
 //! client that cannot read close frames still learns why.
+//!
+//! The HTTP/1 dispatcher hands every WebSocket upgrade to [`serve`] with its
+//! socket; from then on the socket is ours ([`super::socket`]), and the
+//! dispatcher and its buffers are gone.
 
+use std::io;
 use std::sync::Arc;
 
-use actix_http::body::MessageBody;
+use actix_codec::Framed;
+use actix_http::body::{BodySize, BoxBody};
+use actix_http::{h1, ConnectionType, Request, RequestHead, Response};
 use actix_web::http::{header, StatusCode};
+use actix_web::rt::net::TcpStream;
 use actix_web::{web, HttpRequest, HttpResponse};
+use futures_util::SinkExt;
 
-use super::admission::Refused;
+use super::admission::{Refused, Slot};
 use super::connection::Connection;
 use super::inbound::Inbound;
-use super::socket::OutBody;
+use super::socket::{self, Reader, Socket};
 use super::AppState;
 use crate::auth::{AuthError, Principal};
 use crate::protocol::errors;
 use crate::publish::Outbound;
 
-/// `GET /ahp`: upgrade to a WebSocket and start the connection.
-pub async fn ahp_ws(
-    req: HttpRequest,
-    body: web::Payload,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, actix_web::Error> {
-    let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
-    if let Err(e) = state
-        .origins
-        .check(header(header::ORIGIN), header(header::HOST))
-    {
-        return Ok(refuse(
-            StatusCode::FORBIDDEN,
-            errors::PERMISSION_DENIED,
-            &e.to_string(),
-        ));
+/// A WebSocket upgrade handed over by the HTTP/1 dispatcher with its
+/// socket: `/ahp` becomes a connection (after [`admit`]); any other path is
+/// not found.
+pub async fn serve(
+    state: Arc<AppState>,
+    req: Request,
+    mut framed: Framed<TcpStream, h1::Codec>,
+) -> io::Result<()> {
+    let head = req.head();
+    if head.uri.path() != "/ahp" {
+        let res = refuse(
+            StatusCode::NOT_FOUND,
+            errors::INVALID_REQUEST,
+            "no WebSocket endpoint here: connect to /ahp",
+        );
+        return respond(framed, res.into()).await;
     }
-    let principal = match &state.auth {
-        None => Principal::local(),
-        Some(auth) => match bearer_token(&req)
-            .ok_or(AuthError::Missing)
-            .and_then(|t| auth.verify(&t))
-        {
-            Ok(p) => p,
-            Err(e) => {
-                return Ok(refuse(
-                    StatusCode::UNAUTHORIZED,
-                    errors::AUTH_REQUIRED,
-                    &e.to_string(),
-                ))
-            }
-        },
+    let (principal, mut slot) = match admit(head, &state) {
+        Ok(admitted) => admitted,
+        Err(refusal) => return respond(framed, refusal.response().into()).await,
     };
-    // Reserved before the handshake; a failed one drops (frees) the slot.
-    let mut slot = match state.connections.admit(&principal.subject) {
-        Ok(slot) => slot,
-        Err(e @ Refused::Full(_)) => {
-            return Ok(refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                errors::INTERNAL_ERROR,
-                &e.to_string(),
-            ))
-        }
-        Err(e @ Refused::SubjectFull(..)) => {
-            return Ok(refuse(
-                StatusCode::TOO_MANY_REQUESTS,
-                errors::INVALID_REQUEST,
-                &e.to_string(),
-            ))
-        }
+    let res = match actix_http::ws::handshake(head) {
+        Ok(mut res) => res.finish(),
+        Err(e) => return respond(framed, e.into()).await,
     };
-    let mut handshake = actix_http::ws::handshake(req.head())?;
+    framed
+        .send(h1::Message::Item((res.drop_body(), BodySize::None)))
+        .await?;
+    let parts = framed.into_parts();
+    let socket = Socket::new(parts.io);
     let cfg = &state.shared.config;
-    let (pacing, inbound) = (
-        cfg.write_pacing,
-        Inbound::new(body.into_inner(), cfg.max_frame_bytes),
-    );
+    let (pacing, limit) = (cfg.write_pacing, cfg.max_frame_bytes);
     let out = Arc::new(Outbound::scoped(
         cfg.outbound_limit_bytes,
         principal
@@ -84,24 +68,121 @@ pub async fn ahp_ws(
             .then(|| principal.sessions.clone())
             .flatten(),
     ));
+    out.attach(socket.clone(), pacing);
     slot.open(out.clone());
-    let on_gone = Connection::start(state.into_inner(), out.clone(), principal, slot, inbound);
-    Ok(handshake
-        .message_body(OutBody::new(out, on_gone, pacing).boxed())?
-        .into())
+    let inbound = Inbound::new(Reader::new(socket.clone(), parts.read_buf.freeze()), limit);
+    let on_gone = Connection::start(state, out.clone(), principal, slot, inbound);
+    let writer = actix_web::rt::spawn(socket::writer(out.clone(), socket, pacing, on_gone));
+    // A connection whose peer never takes its close: stop writing (the
+    // writer's end lets the connection go).
+    let abort = writer.abort_handle();
+    out.set_on_abandon(move || abort.abort());
+    Ok(())
+}
+
+/// `GET /ahp` without an upgrade: the same checks, then the handshake's
+/// refusal (it is not a WebSocket request).
+pub async fn ahp_plain(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, actix_web::Error> {
+    if let Err(refusal) = admit(req.head(), &state) {
+        return Ok(refusal.response());
+    }
+    actix_http::ws::verify_handshake(req.head())?;
+    Ok(refuse(
+        StatusCode::BAD_REQUEST,
+        errors::INVALID_REQUEST,
+        "not a WebSocket upgrade",
+    ))
+}
+
+/// The checks an upgrade passes: the page's origin, the bearer token, a
+/// connection slot (reserved now; dropping it frees it).
+fn admit(head: &RequestHead, state: &AppState) -> Result<(Principal, Slot), Refusal> {
+    let header = |name| head.headers.get(name).and_then(|v| v.to_str().ok());
+    if let Err(e) = state
+        .origins
+        .check(header(header::ORIGIN), header(header::HOST))
+    {
+        return Err(Refusal(
+            StatusCode::FORBIDDEN,
+            errors::PERMISSION_DENIED,
+            e.to_string(),
+        ));
+    }
+    let principal = match &state.auth {
+        None => Principal::local(),
+        Some(auth) => match bearer_token(head)
+            .ok_or(AuthError::Missing)
+            .and_then(|t| auth.verify(&t))
+        {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(Refusal(
+                    StatusCode::UNAUTHORIZED,
+                    errors::AUTH_REQUIRED,
+                    e.to_string(),
+                ))
+            }
+        },
+    };
+    match state.connections.admit(&principal.subject) {
+        Ok(slot) => Ok((principal, slot)),
+        Err(e @ Refused::Full(_)) => Err(Refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            errors::INTERNAL_ERROR,
+            e.to_string(),
+        )),
+        Err(e @ Refused::SubjectFull(..)) => Err(Refusal(
+            StatusCode::TOO_MANY_REQUESTS,
+            errors::INVALID_REQUEST,
+            e.to_string(),
+        )),
+    }
+}
+
+/// Why an upgrade is refused: the HTTP status, the JSON-RPC error code and
+/// the message of the body.
+struct Refusal(StatusCode, i32, String);
+
+impl Refusal {
+    fn response(&self) -> HttpResponse {
+        refuse(self.0, self.1, &self.2)
+    }
+}
+
+/// Answer an upgrade with `res` and close the connection.
+async fn respond(
+    mut framed: Framed<TcpStream, h1::Codec>,
+    res: Response<BoxBody>,
+) -> io::Result<()> {
+    let (mut res, body) = res.into_parts();
+    let body = actix_http::body::to_bytes(body).await.unwrap_or_default();
+    res.head_mut().set_connection_type(ConnectionType::Close);
+    framed
+        .send(h1::Message::Item((res, BodySize::Sized(body.len() as u64))))
+        .await?;
+    if !body.is_empty() {
+        framed.send(h1::Message::Chunk(Some(body))).await?;
+    }
+    framed.send(h1::Message::Chunk(None)).await?;
+    framed.close().await
 }
 
 /// The bearer token of an upgrade request: `Authorization: Bearer …`, or a
 /// `token` query parameter (browsers cannot set headers on WebSockets).
-fn bearer_token(req: &HttpRequest) -> Option<String> {
-    if let Some(h) = req.headers().get(header::AUTHORIZATION) {
+fn bearer_token(head: &RequestHead) -> Option<String> {
+    if let Some(h) = head.headers.get(header::AUTHORIZATION) {
         return h
             .to_str()
             .ok()?
             .strip_prefix("Bearer ")
             .map(|t| t.trim().to_owned());
     }
-    req.query_string()
+    head.uri
+        .query()
+        .unwrap_or_default()
         .split('&')
         .find_map(|kv| kv.strip_prefix("token=").map(str::to_owned))
 }

@@ -367,3 +367,169 @@ fn heartbeat_closes_an_idle_client() {
         "{close:?}"
     );
 }
+
+/// A socket that takes `room` more bytes, then would block.
+struct FakeWire {
+    written: Mutex<Vec<u8>>,
+    room: AtomicUsize,
+}
+
+impl FakeWire {
+    fn with_room(room: usize) -> Arc<Self> {
+        Arc::new(Self {
+            written: Mutex::new(Vec::new()),
+            room: AtomicUsize::new(room),
+        })
+    }
+
+    /// The text of every whole frame written so far.
+    fn texts(&self) -> Vec<String> {
+        decode(&self.written.lock())
+    }
+}
+
+impl Wire for FakeWire {
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.room.load(Ordering::SeqCst));
+        if n == 0 {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        self.room.fetch_sub(n, Ordering::SeqCst);
+        self.written.lock().extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// The texts of the whole server frames in `bytes`.
+fn decode(bytes: &[u8]) -> Vec<String> {
+    let mut buf = BytesMut::from(bytes);
+    let mut texts = Vec::new();
+    while let Ok(Some((_, op, payload))) = Parser::parse(&mut buf, false, 1 << 20) {
+        let payload = payload.map(|p| p.to_vec()).unwrap_or_default();
+        texts.push(match op {
+            OpCode::Text => String::from_utf8(payload).unwrap(),
+            OpCode::Ping => "<ping>".into(),
+            other => format!("<{other:?}>"),
+        });
+    }
+    texts
+}
+
+/// Register a counting waker as the socket side, pacing or not.
+fn park(o: &Outbound, pace: bool) -> Arc<Counter> {
+    let counter = Arc::new(Counter::default());
+    let waker = counter.clone().into();
+    assert!(!matches!(
+        o.poll_take(&mut Context::from_waker(&waker), pace),
+        Take::Ready(_)
+    ));
+    counter
+}
+
+fn env(seq: u64, text: &str) -> Push<'static> {
+    Push::Envelope(ServerSeq::new(seq), ByteString::from(text.to_owned()))
+}
+
+#[test]
+fn a_push_to_an_idle_connection_is_written_by_the_pusher() {
+    let o = Outbound::new(1000);
+    let wire = FakeWire::with_room(1 << 20);
+    o.attach(wire.clone(), Duration::ZERO);
+    let socket_side = park(&o, false);
+    o.push(env(1, "a"));
+    o.push(Push::Response("b".into()));
+    assert_eq!(wire.texts(), ["a", "b"]);
+    assert_eq!(o.queued_bytes(), 0);
+    assert_eq!(
+        socket_side.0.load(Ordering::SeqCst),
+        0,
+        "no task woken for a direct write"
+    );
+    assert!(take(&o).is_none());
+}
+
+#[test]
+fn a_publisher_queues_under_its_lock_and_writes_after() {
+    let o = Outbound::new(1000);
+    let wire = FakeWire::with_room(1 << 20);
+    o.attach(wire.clone(), Duration::ZERO);
+    o.push_deferred(env(1, "a"));
+    o.push_deferred(env(2, "b"));
+    assert!(wire.texts().is_empty(), "nothing written before the flush");
+    o.flush();
+    assert_eq!(wire.texts(), ["a", "b"], "one write, in order");
+    o.flush();
+    assert_eq!(wire.texts(), ["a", "b"]);
+}
+
+#[test]
+fn within_the_pacing_interval_frames_wait_for_the_socket_side() {
+    let o = Outbound::new(1000);
+    let wire = FakeWire::with_room(1 << 20);
+    o.attach(wire.clone(), Duration::from_secs(3600));
+    let socket_side = park(&o, false);
+    o.push(env(1, "first"));
+    assert_eq!(wire.texts(), ["first"], "nothing written before: no wait");
+    o.push(env(2, "paced"));
+    assert_eq!(wire.texts(), ["first"]);
+    assert_eq!(
+        socket_side.0.load(Ordering::SeqCst),
+        1,
+        "woken once to keep the deadline"
+    );
+    // The socket side now waits for its deadline: not woken again for a
+    // frame that can wait, and an urgent one goes at once, after it.
+    let socket_side = park(&o, true);
+    o.push(env(3, "paced too"));
+    assert_eq!(socket_side.0.load(Ordering::SeqCst), 0);
+    o.push(Push::Echo(ServerSeq::new(4), "echo".into()));
+    assert_eq!(wire.texts(), ["first", "paced", "paced too", "echo"]);
+}
+
+#[test]
+fn what_a_direct_write_leaves_goes_first_from_the_socket_side() {
+    let o = Outbound::new(1000);
+    let wire = FakeWire::with_room(4);
+    o.attach(wire.clone(), Duration::ZERO);
+    let socket_side = park(&o, false);
+    o.push(env(1, "hello"));
+    assert_eq!(wire.written.lock().len(), 4, "a partial write");
+    assert_eq!(socket_side.0.load(Ordering::SeqCst), 1);
+    o.push(env(2, "next"));
+    assert_eq!(wire.written.lock().len(), 4, "nothing jumps the rest");
+    let t = take(&o).expect("the rest and the next frame");
+    let mut bytes = wire.written.lock().clone();
+    bytes.extend_from_slice(&t.head);
+    let mut buf = BytesMut::new();
+    encode_frames(&mut buf, t.frames);
+    bytes.extend_from_slice(&buf);
+    assert_eq!(decode(&bytes), ["hello", "next"]);
+}
+
+#[test]
+fn nothing_is_written_directly_while_the_socket_side_writes() {
+    let o = Outbound::new(1000);
+    let wire = FakeWire::with_room(0);
+    o.attach(wire.clone(), Duration::ZERO);
+    o.push(env(1, "blocked"));
+    let t = take(&o).expect("the socket side takes the unsent bytes");
+    assert!(!t.head.is_empty());
+    wire.room.store(1 << 20, Ordering::SeqCst);
+    o.push(env(2, "while writing"));
+    assert!(wire.texts().is_empty(), "the socket side owns the socket");
+    // It wrote what it took; the next frame goes directly.
+    wire.written.lock().extend_from_slice(&t.head);
+    o.wrote(false);
+    o.flush();
+    assert_eq!(wire.texts(), ["blocked", "while writing"]);
+}
+
+#[test]
+fn a_detached_connection_is_not_written() {
+    let o = Outbound::new(1000);
+    let wire = FakeWire::with_room(1 << 20);
+    o.attach(wire.clone(), Duration::ZERO);
+    o.detach();
+    o.push(env(1, "after"));
+    assert!(wire.texts().is_empty());
+}
