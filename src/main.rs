@@ -114,6 +114,14 @@ struct ServeArgs {
     /// and closes never wait. 0 writes every frame at once.
     #[arg(long, default_value_t = Config::default().write_pacing.as_secs_f64() * 1000.0)]
     write_pacing_ms: f64,
+    /// Threads that accept connections, read clients' frames and run the
+    /// connection actors [default: one per core].
+    #[arg(long)]
+    http_workers: Option<usize>,
+    /// Threads the chat and session actors are spread over [default: one
+    /// per core].
+    #[arg(long)]
+    actor_threads: Option<usize>,
     /// Open connections on the server.
     #[arg(long, default_value_t = tandem::Limits::default().max_connections)]
     max_connections: usize,
@@ -268,6 +276,7 @@ fn serve() -> anyhow::Result<()> {
     };
     let secret = args.secret.secret()?;
     let cluster = args.cluster()?;
+    let defaults = Config::default();
     let config = Config {
         limits: tandem::Limits {
             max_connections: args.max_connections,
@@ -303,7 +312,9 @@ fn serve() -> anyhow::Result<()> {
         max_frame_bytes: args.max_frame_bytes,
         agents: args.agents()?,
         cluster,
-        ..Config::default()
+        http_workers: args.http_workers.unwrap_or(defaults.http_workers).max(1),
+        actor_threads: args.actor_threads.unwrap_or(defaults.actor_threads).max(1),
+        ..defaults
     };
     // The same checks `run` makes, before a store is opened or a port bound.
     tandem::server::check_config(&config, args.bind)?;

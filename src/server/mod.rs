@@ -5,19 +5,19 @@
 //! |---|---|
 //! | [`access`] | which web pages may open `/ahp` (`Origin` / `Host`) |
 //! | [`admission`] | connection slots, in all and per token subject; the open connections |
-//! | [`upgrade`] | `GET /ahp`: origin, token and slot checks, then the handshake |
+//! | [`upgrade`] | `GET /ahp`: origin, token and slot checks, then the handshake; takes the socket over |
 //! | [`connection`] | the connection actor: reads frames, paces them, permissions |
 //! | `routes` | one handler per AHP method |
 //! | `subscribe` | `subscribe`, `initialize`, `reconnect` |
 //! | `provide` | a provider connection's `tandem/*` calls |
 //! | [`params`] | the params of `tandem/*` methods |
-//! | `socket` | the WebSocket response body over actix-http; close frames; the heartbeat |
+//! | `socket` | the upgraded TCP stream: direct writes, the writer task, the reader; close frames; the heartbeat |
 //! | `inbound` | the client's frames: decoded, reassembled, within the frame limit |
 //!
 //! The arrows point one way: `upgrade` → `connection` → `routes` /
-//! `subscribe` / `provide` → [`crate::channels`]; `connection` → `socket` /
-//! `inbound`, which report through a callback and a stream and know no
-//! actor.
+//! `subscribe` / `provide` → [`crate::channels`]; `upgrade` and
+//! `connection` → `socket` / `inbound`, which report through a callback and
+//! a stream and know no actor.
 //! The server's own tables (tokens, connections, rate buckets) live in
 //! [`AppState`], not in the channels' context.
 

@@ -123,6 +123,44 @@ pub struct FanoutArgs {
     /// Handshakes in flight while connecting subscribers.
     #[arg(long, default_value_t = 128)]
     pub connect_concurrency: usize,
+    /// Instead of the max and latency phases: latency phases at these
+    /// rates (actions/s per chat, rising) on every server of every round,
+    /// each on fresh connections, until one's p99 to every receiver passes
+    /// `--sweep-p99-ms` (or anything is lost). Reports the highest rate
+    /// each server held and Tandem / peer per round and as the median.
+    #[arg(long, value_delimiter = ',')]
+    pub sweep: Vec<f64>,
+    /// The p99 a sweep step must hold, ms.
+    #[arg(long, default_value_t = 25.0)]
+    pub sweep_p99_ms: f64,
+}
+
+/// One step of a sweep.
+struct Step {
+    rate: f64,
+    deliveries_per_sec: f64,
+    p99_ms: f64,
+    held: bool,
+}
+
+/// The highest deliveries/s a server held in its sweep (0 when it held
+/// none), and whether it held every step (the sweep was too short).
+fn highest_held(steps: &[Step]) -> (f64, bool) {
+    let held = steps
+        .iter()
+        .filter(|s| s.held)
+        .map(|s| s.deliveries_per_sec)
+        .fold(0.0, f64::max);
+    (held, !steps.is_empty() && steps.iter().all(|s| s.held))
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 /// One phase against one server.
@@ -263,6 +301,10 @@ struct Figures {
     lat: Option<Outcome>,
     /// `VmHWM` after its phases: the most memory it held.
     peak_rss: Option<u64>,
+    /// `--sweep` steps, in order.
+    sweep: Vec<Step>,
+    /// Integrity over the sweep's steps.
+    sweep_integrity: Integrity,
 }
 
 impl Figures {
@@ -386,9 +428,42 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
             max: None,
             lat: None,
             peak_rss: None,
+            sweep: Vec::new(),
+            sweep_integrity: Integrity::default(),
         };
         let result: anyhow::Result<()> = async {
-            if !args.no_max {
+            for &r in &args.sweep {
+                let count = (r * args.seconds).ceil() as u64;
+                let o = phase(
+                    &server,
+                    args,
+                    opts,
+                    Schedule::Open { rate: r, count },
+                    args.seconds,
+                    &format!("{name} sweep @{r:.0}/s"),
+                )
+                .await?;
+                let p99_ms = Summary::of(&o.all).p99_ms;
+                let held = p99_ms <= args.sweep_p99_ms
+                    && o.integrity.lost == 0
+                    && o.incomplete == 0
+                    && o.closed_early == 0;
+                note(describe(
+                    &o,
+                    &format!("{name} sweep @{r:.0} actions/s per chat"),
+                ));
+                f.sweep_integrity.add(o.integrity);
+                f.sweep.push(Step {
+                    rate: r,
+                    deliveries_per_sec: o.deliveries_per_sec,
+                    p99_ms,
+                    held,
+                });
+                if !held {
+                    break;
+                }
+            }
+            if !args.no_max && args.sweep.is_empty() {
                 let o = phase(
                     &server,
                     args,
@@ -411,7 +486,7 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
                 }
                 f.max = Some(o);
             }
-            if !args.no_latency {
+            if !args.no_latency && args.sweep.is_empty() {
                 let r = rate.unwrap_or(100.0);
                 let count = (r * args.seconds).ceil() as u64;
                 let o = phase(
@@ -420,12 +495,12 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
                     opts,
                     Schedule::Open { rate: r, count },
                     args.seconds,
-                    &format!("{name} @{r:.0}/s"),
+                    &format!("{name} @{r}/s"),
                 )
                 .await?;
                 note(describe(
                     &o,
-                    &format!("{name} latency @{r:.0} actions/s per chat"),
+                    &format!("{name} latency @{r} actions/s per chat"),
                 ));
                 f.lat = Some(o);
             }
@@ -458,6 +533,58 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
             .filter(|p| p.round == t.round && p.kind != Kind::Tandem)
         {
             comparisons.extend(side_by_side(t, p));
+        }
+    }
+    let mut sweeps = Vec::new();
+    let mut sweep_ratios: Vec<(Kind, f64)> = Vec::new();
+    let mut sweep_short = false;
+    for t in figures
+        .iter()
+        .filter(|f| f.kind == Kind::Tandem && !f.sweep.is_empty())
+    {
+        let (th, t_all) = highest_held(&t.sweep);
+        sweep_short |= t_all;
+        for p in figures
+            .iter()
+            .filter(|p| p.round == t.round && p.kind != Kind::Tandem)
+        {
+            let (ph, p_all) = highest_held(&p.sweep);
+            sweep_short |= p_all;
+            if ph == 0.0 {
+                note(format!(
+                    "sweep round {}: {} held no step: start the sweep lower",
+                    t.round + 1,
+                    p.kind.name()
+                ));
+                continue;
+            }
+            let ratio = th / ph;
+            sweep_ratios.push((p.kind, ratio));
+            let steps = |f: &Figures| {
+                f.sweep
+                    .iter()
+                    .map(|s| json!({"rate": s.rate, "deliveries_per_sec": s.deliveries_per_sec.round(), "p99_ms": (s.p99_ms * 100.0).round() / 100.0, "held": s.held}))
+                    .collect::<Vec<_>>()
+            };
+            let line = format!(
+                "sweep round {}: highest rate with p99 ≤ {} ms: tandem {:.0} / {} {:.0} deliveries/s = {:.2}",
+                t.round + 1,
+                args.sweep_p99_ms,
+                th,
+                p.kind.name(),
+                ph,
+                ratio
+            );
+            note(line.clone());
+            sweeps.push(json!({
+                "round": t.round + 1,
+                "peer": p.kind.name(),
+                "tandem_highest_deliveries_per_sec": th.round(),
+                "peer_highest_deliveries_per_sec": ph.round(),
+                "ratio": (ratio * 1000.0).round() / 1000.0,
+                "tandem_steps": steps(t),
+                "peer_steps": steps(p),
+            }));
         }
     }
     // The single-server figures below are each kind's first round; the
@@ -519,6 +646,7 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
                 ));
             }
         }
+        integrity.add(f.sweep_integrity);
         if let Some(o) = &f.max {
             r.put("max_actions_per_sec", o.actions_per_sec);
             r.put_latency("max_phase_last", &Summary::of(&o.last));
@@ -609,6 +737,42 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
         }
         if !rows.is_empty() {
             r.put(&format!("vs_{name}"), serde_json::Value::Array(rows));
+        }
+        let ratios: Vec<f64> = sweep_ratios
+            .iter()
+            .filter(|(k, _)| *k == Kind::Peer(*p))
+            .map(|(_, v)| *v)
+            .collect();
+        if let Some(m) = median(ratios.clone()) {
+            r.put(&format!("sweep_ratio_median_vs_{name}"), m);
+            if *p == Peer::Node {
+                r.target(
+                    &format!(
+                        "highest rate with p99 ≤ {} ms, Tandem / Node (median of {} rounds)",
+                        args.sweep_p99_ms,
+                        ratios.len()
+                    ),
+                    "≥ 2.0 over at least 3 rounds",
+                    format!("{m:.2}"),
+                    m >= 2.0 && ratios.len() >= 3,
+                );
+            }
+        }
+    }
+    if !sweeps.is_empty() {
+        for v in &sweeps {
+            r.note(format!(
+                "sweep round {}: tandem {} / {} {} deliveries/s = {}",
+                v["round"],
+                v["tandem_highest_deliveries_per_sec"],
+                v["peer"].as_str().unwrap_or("?"),
+                v["peer_highest_deliveries_per_sec"],
+                v["ratio"]
+            ));
+        }
+        r.put("sweep", serde_json::Value::Array(sweeps));
+        if sweep_short {
+            r.note("a server held every rate of the sweep: its highest rate is at least the last one; extend --sweep");
         }
     }
     // Server CPU per delivery: what each server would do with the machine to
