@@ -37,6 +37,8 @@ async fn fanout_measures_both_servers_without_loss() {
         peers: vec![Peer::Tokio],
         rounds: 1,
         connect_concurrency: 8,
+        sweep: vec![],
+        sweep_p99_ms: 25.0,
     };
     let r = fanout::run(&args, &in_process())
         .await
@@ -51,6 +53,56 @@ async fn fanout_measures_both_servers_without_loss() {
     assert!(r.p99_ms.is_some() && r.extra.contains_key("last_p99_ms"));
     assert_eq!(r.extra["baseline_lost"], 0);
     assert!(tandem_loadtest::report::svg(&[r]).contains("<polyline"));
+}
+
+/// A sweep runs each server up the given rates and reports the highest rate
+/// each held, and the ratio. With a p99 bound no step can miss, both hold
+/// every step at the same scheduled rate: the ratio is about 1 and the
+/// report says the sweep was too short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_sweep_reports_the_highest_rate_each_server_held() {
+    tandem_loadtest::progress::set_quiet(true);
+    let args = FanoutArgs {
+        chats: 1,
+        subscribers: 5,
+        publishers: 1,
+        rate: None,
+        rate_fraction: 0.5,
+        seconds: 0.6,
+        max_seconds: 1.0,
+        window: 8,
+        no_max: false,
+        no_latency: false,
+        warmup: 0.1,
+        drain: 5.0,
+        pad: 0,
+        against: Some(Against::Both),
+        peers: vec![Peer::Tokio],
+        rounds: 1,
+        connect_concurrency: 8,
+        sweep: vec![20.0, 40.0],
+        sweep_p99_ms: 10_000.0,
+    };
+    let r = fanout::run(&args, &in_process())
+        .await
+        .expect("fanout runs");
+    assert!(!r.failed, "notes: {:?}", r.notes);
+    assert_eq!((r.lost, r.duplicated), (Some(0), Some(0)));
+    let rows = r.extra["sweep"].as_array().expect("one row per round");
+    assert_eq!(rows.len(), 1);
+    let row = &rows[0];
+    for side in ["tandem_steps", "peer_steps"] {
+        let steps = row[side].as_array().unwrap();
+        assert_eq!(steps.len(), 2, "{side}: every step held: {row}");
+        assert!(steps.iter().all(|s| s["held"] == true));
+    }
+    let ratio = r.extra["sweep_ratio_median_vs_baseline"].as_f64().unwrap();
+    assert!((0.8..1.25).contains(&ratio), "{ratio}");
+    assert!(
+        r.notes.iter().any(|n| n.contains("held every rate")),
+        "{:?}",
+        r.notes
+    );
 }
 
 /// The Node.js peer (`loadtest/node/room.js`) answers the driver's frames and
@@ -77,6 +129,8 @@ async fn fanout_against_the_node_peer_reports_ratios() {
         peers: vec![Peer::Node],
         rounds: 2,
         connect_concurrency: 8,
+        sweep: vec![],
+        sweep_p99_ms: 25.0,
     };
     let r = fanout::run(&args, &in_process())
         .await
