@@ -5,6 +5,13 @@ use std::net::SocketAddr;
 use clap::{Parser, Subcommand};
 use tandem::Config;
 
+/// jemalloc rather than the C library's allocator: frames are allocated on
+/// one thread (a chat's) and freed on others; measured with 1,000 chats × 10
+/// subscribers, the server used 15–20 % less CPU with the same tail latency
+/// and idle memory (README, dependency table).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "tandem",
