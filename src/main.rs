@@ -12,6 +12,14 @@ use tandem::Config;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options: a background thread gives freed memory back to the
+/// system on its decay schedule even when the server then goes quiet
+/// (without it, memory freed by disposing every session stayed resident
+/// until the next burst of allocations). `_RJEM_MALLOC_CONF` overrides.
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+pub static malloc_conf: &[u8] = b"background_thread:true\0";
+
 #[derive(Parser)]
 #[command(
     name = "tandem",

@@ -39,6 +39,7 @@ async fn fanout_measures_both_servers_without_loss() {
         connect_concurrency: 8,
         sweep: vec![],
         sweep_p99_ms: 25.0,
+        dispose: false,
     };
     let r = fanout::run(&args, &in_process())
         .await
@@ -82,6 +83,7 @@ async fn fanout_sweep_reports_the_highest_rate_each_server_held() {
         connect_concurrency: 8,
         sweep: vec![20.0, 40.0],
         sweep_p99_ms: 10_000.0,
+        dispose: false,
     };
     let r = fanout::run(&args, &in_process())
         .await
@@ -131,6 +133,7 @@ async fn fanout_against_the_node_peer_reports_ratios() {
         connect_concurrency: 8,
         sweep: vec![],
         sweep_p99_ms: 25.0,
+        dispose: false,
     };
     let r = fanout::run(&args, &in_process())
         .await

@@ -122,6 +122,7 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
         "serverSeq": state.shared.publisher.current(),
         "channels": state.shared.registry.len(),
         "connections": state.connections.open_len(),
+        "replayRingBytes": state.shared.publisher.ring_bytes(),
     });
     if let Some(cluster) = state.shared.journal.health() {
         body["cluster"] = cluster;

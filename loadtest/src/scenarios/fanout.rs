@@ -133,6 +133,92 @@ pub struct FanoutArgs {
     /// The p99 a sweep step must hold, ms.
     #[arg(long, default_value_t = 25.0)]
     pub sweep_p99_ms: f64,
+    /// After Tandem's latency phase, dispose every session it created and
+    /// report the server's RSS at the phase's start, before the disposal
+    /// and once it stops falling after it (sampled for up to 15 s), beside
+    /// the replay ring's bytes (`/healthz`).
+    #[arg(long)]
+    pub dispose: bool,
+}
+
+/// Memory around disposing every session of a phase.
+struct Disposal {
+    sessions: usize,
+    rss_start: Option<u64>,
+    rss_before: Option<u64>,
+    rss_after: Option<u64>,
+    ring_bytes: Option<u64>,
+    /// Channels and connections `/healthz` still counts afterwards.
+    channels_left: Option<u64>,
+    connections_left: Option<u64>,
+}
+
+/// Dispose `sessions` on `server`, then watch its RSS settle.
+async fn dispose_all(
+    server: &Server,
+    opts: &ServerOpts,
+    sessions: &[String],
+    rss_start: Option<u64>,
+) -> anyhow::Result<Disposal> {
+    let ep = Endpoint::new(&server.url, opts.source_ips).await?;
+    let mut client = ep.client(&unique("dispose")).await?;
+    let rss_before = server.rss();
+    for s in sessions {
+        client
+            .request("disposeSession", json!({ "channel": s }))
+            .await?;
+    }
+    client.close().await;
+    // Freed memory goes back to the system over the allocator's decay
+    // time (jemalloc's default: 10 s): sample until the lowest reading
+    // holds for 8 s, at most 25 s.
+    let mut low = server.rss();
+    let mut since_low = 0;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        match (server.rss(), low) {
+            (Some(r), Some(l)) if r < l => {
+                low = Some(r);
+                since_low = 0;
+            }
+            _ => since_low += 1,
+        }
+        if since_low >= 16 {
+            break;
+        }
+    }
+    let health = healthz(&server.url).await.ok();
+    let field = |k: &str| health.as_ref().and_then(|h| h[k].as_u64());
+    Ok(Disposal {
+        sessions: sessions.len(),
+        rss_start,
+        rss_before,
+        rss_after: low,
+        ring_bytes: field("replayRingBytes"),
+        channels_left: field("channels"),
+        connections_left: field("connections"),
+    })
+}
+
+/// `GET /healthz` of the server behind `ws_url` (`ws://host:port/ahp`).
+async fn healthz(ws_url: &str) -> anyhow::Result<serde_json::Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = ws_url
+        .strip_prefix("ws://")
+        .and_then(|r| r.split('/').next())
+        .ok_or_else(|| anyhow::anyhow!("not a ws:// URL: {ws_url}"))?;
+    let mut tcp = tokio::net::TcpStream::connect(host).await?;
+    tcp.write_all(
+        format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut text = String::new();
+    tcp.read_to_string(&mut text).await?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .ok_or_else(|| anyhow::anyhow!("no body in /healthz's answer"))?;
+    Ok(serde_json::from_str(body)?)
 }
 
 /// One step of a sweep.
@@ -171,12 +257,15 @@ async fn phase(
     schedule: Schedule,
     seconds: f64,
     label: &str,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<(Outcome, Vec<String>)> {
     let ep = Arc::new(Endpoint::new(&server.url, opts.source_ips).await?);
     let mut setup = ep.client(&unique("setup")).await?;
     let mut chats = Vec::with_capacity(args.chats);
+    let mut sessions = Vec::with_capacity(args.chats);
     for _ in 0..args.chats {
-        chats.push(setup.create_session().await?.1);
+        let (session, chat) = setup.create_session().await?;
+        sessions.push(session);
+        chats.push(chat);
     }
     setup.close().await;
     let p = args.publishers.max(1);
@@ -259,7 +348,7 @@ async fn phase(
             std::sync::atomic::Ordering::Release,
         );
     }
-    publish_and_collect(
+    let outcome = publish_and_collect(
         run,
         publishers,
         subs,
@@ -271,7 +360,8 @@ async fn phase(
             server_pids: server.pid.into_iter().collect(),
         },
     )
-    .await
+    .await?;
+    Ok((outcome, sessions))
 }
 
 fn describe(o: &Outcome, what: &str) -> String {
@@ -305,6 +395,8 @@ struct Figures {
     sweep: Vec<Step>,
     /// Integrity over the sweep's steps.
     sweep_integrity: Integrity,
+    /// `--dispose` (Tandem only).
+    disposal: Option<Disposal>,
 }
 
 impl Figures {
@@ -430,11 +522,12 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
             peak_rss: None,
             sweep: Vec::new(),
             sweep_integrity: Integrity::default(),
+            disposal: None,
         };
         let result: anyhow::Result<()> = async {
             for &r in &args.sweep {
                 let count = (r * args.seconds).ceil() as u64;
-                let o = phase(
+                let (o, _) = phase(
                     &server,
                     args,
                     opts,
@@ -464,7 +557,7 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
                 }
             }
             if !args.no_max && args.sweep.is_empty() {
-                let o = phase(
+                let (o, _) = phase(
                     &server,
                     args,
                     opts,
@@ -489,7 +582,8 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
             if !args.no_latency && args.sweep.is_empty() {
                 let r = rate.unwrap_or(100.0);
                 let count = (r * args.seconds).ceil() as u64;
-                let o = phase(
+                let rss_start = server.rss();
+                let (o, sessions) = phase(
                     &server,
                     args,
                     opts,
@@ -498,6 +592,9 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
                     &format!("{name} @{r}/s"),
                 )
                 .await?;
+                if args.dispose && is_tandem {
+                    f.disposal = Some(dispose_all(&server, opts, &sessions, rss_start).await?);
+                }
                 note(describe(
                     &o,
                     &format!("{name} latency @{r} actions/s per chat"),
@@ -723,6 +820,40 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
     }
     if let Some(b) = main.as_ref().and_then(|f| f.peak_rss) {
         r.put("server_peak_rss_bytes", b);
+    }
+    if let Some(d) = main.as_ref().and_then(|f| f.disposal.as_ref()) {
+        // Allocator and runtime slack allowed on top of the ring.
+        const SLACK: u64 = 4 << 20;
+        let mib = |b: u64| b as f64 / 1048576.0;
+        r.put("dispose_sessions", d.sessions);
+        for (key, v) in [
+            ("dispose_rss_start_bytes", d.rss_start),
+            ("dispose_rss_before_bytes", d.rss_before),
+            ("dispose_rss_after_bytes", d.rss_after),
+            ("dispose_ring_bytes", d.ring_bytes),
+            ("dispose_channels_left", d.channels_left),
+            ("dispose_connections_left", d.connections_left),
+        ] {
+            if let Some(v) = v {
+                r.put(key, v);
+            }
+        }
+        if let (Some(start), Some(after), Some(ring)) = (d.rss_start, d.rss_after, d.ring_bytes) {
+            let kept = after.saturating_sub(start);
+            r.target(
+                "server RSS after every session was disposed",
+                "≤ the phase's start + the replay ring's bytes + 4 MiB",
+                format!(
+                    "{:.1} MiB above the start ({:.1} → {:.1} MiB, {:.1} before disposing); ring {:.1} MiB",
+                    mib(kept),
+                    mib(start),
+                    mib(after),
+                    mib(d.rss_before.unwrap_or(0)),
+                    mib(ring)
+                ),
+                kept <= ring + SLACK,
+            );
+        }
     }
     for p in &args.peers {
         let name = Kind::Peer(*p).name();
