@@ -584,3 +584,41 @@ async fn links_must_be_absolute_http_urls() {
     );
     server.stop().await;
 }
+
+/// The status line of a plain HTTP `GET path` (no upgrade) to `addr`.
+async fn plain_get(addr: SocketAddr, path: &str, origin: Option<&str>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let origin = origin
+        .map(|o| format!("Origin: {o}\r\n"))
+        .unwrap_or_default();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{origin}Connection: close\r\n\r\n");
+    tcp.write_all(req.as_bytes()).await.expect("write");
+    let mut text = String::new();
+    tcp.read_to_string(&mut text).await.expect("read");
+    text.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"))
+}
+
+/// Only `/ahp` is a WebSocket: an upgrade to another path is refused 404 in
+/// the shape of every refusal, while `/ahp` upgrades; a plain `GET /ahp`
+/// meets the same checks as an upgrade (a foreign page is refused first)
+/// and is then refused as not a WebSocket request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_ahp_upgrades_and_a_plain_get_meets_the_same_checks() {
+    let server = TestServer::start().await;
+    let port = server.addr.port();
+    let (status, body) = upgrade(&format!("ws://127.0.0.1:{port}/elsewhere"), &[]).await;
+    assert_eq!(status, 404, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("/ahp"), "{body}");
+    assert_eq!(upgrade(&server.url(), &[]).await.0, 101);
+    assert_eq!(plain_get(server.addr, "/ahp", None).await, 400);
+    assert_eq!(
+        plain_get(server.addr, "/ahp", Some("https://evil.example")).await,
+        403
+    );
+    assert_eq!(plain_get(server.addr, "/healthz", None).await, 200);
+}
