@@ -160,11 +160,13 @@ async fn respond(
     let (mut res, body) = res.into_parts();
     let body = actix_http::body::to_bytes(body).await.unwrap_or_default();
     res.head_mut().set_connection_type(ConnectionType::Close);
+    // Head and body go out in one write: some clients (tungstenite) read a
+    // refused upgrade's body only when it arrives with the head.
     framed
-        .send(h1::Message::Item((res, BodySize::Sized(body.len() as u64))))
+        .feed(h1::Message::Item((res, BodySize::Sized(body.len() as u64))))
         .await?;
     if !body.is_empty() {
-        framed.send(h1::Message::Chunk(Some(body))).await?;
+        framed.feed(h1::Message::Chunk(Some(body))).await?;
     }
     framed.send(h1::Message::Chunk(None)).await?;
     framed.close().await
