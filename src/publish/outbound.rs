@@ -37,8 +37,7 @@ use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
-use actix_http::ws::{OpCode, Parser};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use bytestring::ByteString;
 use parking_lot::Mutex;
 
@@ -371,9 +370,9 @@ impl Outbound {
         if st.frames.is_empty() {
             return None;
         }
-        let Some(wire) = st.wire.clone() else {
+        if st.wire.is_none() {
             return st.waker_for_new_frames();
-        };
+        }
         if st.writing {
             // The socket side is writing and takes the rest when done.
             return None;
@@ -396,19 +395,9 @@ impl Outbound {
         }
         st.takes = st.takes.wrapping_add(1);
         st.last_write = Some(now);
-        SCRATCH.with_borrow_mut(|buf| {
-            buf.clear();
-            encode_frames(buf, frames);
-            // Would block, or failed: the socket side writes what is left
-            // and finds out.
-            let written: usize = wire.try_write(buf).unwrap_or_default();
-            if written < buf.len() {
-                st.unsent = Bytes::copy_from_slice(&buf[written..]);
-            }
-            if buf.capacity() > SCRATCH_KEEP {
-                *buf = BytesMut::new();
-            }
-        });
+        if let Some(wire) = &st.wire {
+            st.unsent = wire::write_now(&**wire, frames);
+        }
         if more || !st.unsent.is_empty() {
             st.waker.take()
         } else {
@@ -661,47 +650,7 @@ fn take_frames(st: &mut State) -> VecDeque<Frame> {
     frames
 }
 
-/// A connection's socket, written by whoever pushes a frame when nothing
-/// else is being written to it: a frame to a waiting subscriber then costs
-/// one `write` on the publisher's thread, with no task to wake and no
-/// buffer to copy it through. The socket side (which owns the socket and
-/// waits for room when it is full) writes everything else.
-pub trait Wire: Send + Sync {
-    /// Write as much of `buf` as the socket takes now, without waiting.
-    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize>;
-}
-
-/// Capacity of the per-thread encoding buffer kept between direct writes.
-const SCRATCH_KEEP: usize = 256 * 1024;
-
-thread_local! {
-    /// Frames encoded for a direct write (one per thread, reused).
-    static SCRATCH: std::cell::RefCell<BytesMut> = std::cell::RefCell::new(BytesMut::new());
-}
-
-/// Bytes of `frames` on the wire, at most (headers included).
-pub fn encoded_len(frames: &VecDeque<Frame>) -> usize {
-    frames.iter().map(|f| frame_len(f) + 10).sum()
-}
-
-/// Append `frames` to `buf` as server WebSocket frames (unmasked).
-pub fn encode_frames(buf: &mut BytesMut, frames: VecDeque<Frame>) {
-    buf.reserve(encoded_len(&frames));
-    for frame in frames {
-        match frame {
-            Frame::Text { data, .. } => {
-                Parser::write_message(buf, data.as_bytes(), OpCode::Text, true, false)
-            }
-            Frame::Ping => Parser::write_message(buf, b"", OpCode::Ping, true, false),
-            Frame::Pong(payload) => {
-                let payload = &payload[..payload.len().min(125)];
-                Parser::write_message(buf, payload, OpCode::Pong, true, false)
-            }
-        }
-    }
-}
-
-fn frame_len(f: &Frame) -> usize {
+pub(crate) fn frame_len(f: &Frame) -> usize {
     match f {
         Frame::Text { data, .. } => data.len(),
         Frame::Ping => 0,
@@ -730,6 +679,9 @@ fn wake(waker: Option<Waker>) {
         w.wake();
     }
 }
+
+mod wire;
+pub use wire::{encode_frames, encoded_len, Wire};
 
 #[cfg(test)]
 mod tests;

@@ -249,6 +249,19 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     }
 }
 
+/// A latency phase: `rate` actions/s per chat for `--seconds`.
+async fn open_phase(
+    server: &Server,
+    args: &FanoutArgs,
+    opts: &ServerOpts,
+    rate: f64,
+    label: &str,
+) -> anyhow::Result<(Outcome, Vec<String>)> {
+    let count = (rate * args.seconds).ceil() as u64;
+    let schedule = Schedule::Open { rate, count };
+    phase(server, args, opts, schedule, args.seconds, label).await
+}
+
 /// One phase against one server.
 async fn phase(
     server: &Server,
@@ -526,16 +539,8 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
         };
         let result: anyhow::Result<()> = async {
             for &r in &args.sweep {
-                let count = (r * args.seconds).ceil() as u64;
-                let (o, _) = phase(
-                    &server,
-                    args,
-                    opts,
-                    Schedule::Open { rate: r, count },
-                    args.seconds,
-                    &format!("{name} sweep @{r:.0}/s"),
-                )
-                .await?;
+                let (o, _) =
+                    open_phase(&server, args, opts, r, &format!("{name} sweep @{r}/s")).await?;
                 let p99_ms = Summary::of(&o.all).p99_ms;
                 let held = p99_ms <= args.sweep_p99_ms
                     && o.integrity.lost == 0
@@ -543,7 +548,7 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
                     && o.closed_early == 0;
                 note(describe(
                     &o,
-                    &format!("{name} sweep @{r:.0} actions/s per chat"),
+                    &format!("{name} sweep @{r} actions/s per chat"),
                 ));
                 f.sweep_integrity.add(o.integrity);
                 f.sweep.push(Step {
@@ -581,17 +586,9 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
             }
             if !args.no_latency && args.sweep.is_empty() {
                 let r = rate.unwrap_or(100.0);
-                let count = (r * args.seconds).ceil() as u64;
                 let rss_start = server.rss();
-                let (o, sessions) = phase(
-                    &server,
-                    args,
-                    opts,
-                    Schedule::Open { rate: r, count },
-                    args.seconds,
-                    &format!("{name} @{r}/s"),
-                )
-                .await?;
+                let (o, sessions) =
+                    open_phase(&server, args, opts, r, &format!("{name} @{r}/s")).await?;
                 if args.dispose && is_tandem {
                     f.disposal = Some(dispose_all(&server, opts, &sessions, rss_start).await?);
                 }

@@ -1,6 +1,9 @@
 use std::sync::atomic::AtomicUsize;
 use std::task::Wake;
 
+use actix_http::ws::{OpCode, Parser};
+use bytes::BytesMut;
+
 use super::*;
 
 /// Counts its wake-ups.
