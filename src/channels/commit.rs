@@ -24,7 +24,7 @@ use crate::store::{JournalError, Replicated, TurnRecord};
 
 /// How long a channel whose write the store refused waits before trying
 /// the store again.
-const STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A channel whose write the store refused is read-only; every
 /// [`STORE_RETRY`] it reloads its state from the store, and once that
@@ -37,7 +37,7 @@ fn retry_store<A: ChannelActor>(ctx: &mut Context<A>) {
             return;
         }
         if core.unreadable.take().is_some() {
-            act.roll_back();
+            act.roll_back(ctx);
         }
         let core = act.parts().0;
         if core.unreadable.is_none() {
@@ -142,7 +142,7 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
 
     /// A batch was refused by the journal: go back to what the store holds
     /// (what clients saw).
-    fn roll_back(&mut self);
+    fn roll_back(&mut self, ctx: &mut Context<Self>);
 
     /// A follower applied and published actions another node journaled
     /// (no effects run here: the owner runs them).
@@ -173,7 +173,7 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
         }
         if r.pos > core.journal_len {
             tracing::warn!(channel = %core.uri, have = %core.journal_len, got = %r.pos, "replicated batches missed: reading the channel again");
-            return self.resync();
+            return self.resync(ctx);
         }
         let skip = (core.journal_len.get() - r.pos.get()) as usize;
         for (i, record) in r.records.iter().enumerate().skip(skip) {
@@ -181,12 +181,12 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::error!(channel = %self.parts().0.uri, error = %e, "a replicated action does not decode");
-                    return self.resync();
+                    return self.resync(ctx);
                 }
             };
             if let Err(e) = self.reduce(&action) {
                 tracing::error!(channel = %self.parts().0.uri, reason = %e, "a replicated action does not apply: reading the channel again");
-                return self.resync();
+                return self.resync(ctx);
             }
             let _ = self.take_history();
             let core = self.parts().0;
@@ -199,10 +199,10 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
 
     /// Read the channel from the store again and publish what subscribers
     /// have not seen.
-    fn resync(&mut self) {
+    fn resync(&mut self, ctx: &mut Context<Self>) {
         let core = self.parts().0;
         core.refused_at = Some(core.journal_len);
-        self.roll_back();
+        self.roll_back(ctx);
         let core = self.parts().0;
         if core.unreadable.is_none() {
             core.catch_up();
@@ -211,9 +211,9 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
 
     /// This node no longer writes the channel: it follows the new owner,
     /// from what the store holds.
-    fn demote(&mut self, _ctx: &mut Context<Self>) {
+    fn demote(&mut self, ctx: &mut Context<Self>) {
         self.parts().0.follower = true;
-        self.resync();
+        self.resync(ctx);
         let core = self.parts().0;
         core.store_failed = None;
     }
@@ -402,7 +402,7 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
                 let retry = matches!(e, JournalError::Unavailable(_));
                 let fenced = matches!(e, JournalError::Fenced { .. });
                 act.parts().0.commit_failed(e, &batch);
-                act.roll_back();
+                act.roll_back(ctx);
                 let core = act.parts().0;
                 if core.unreadable.is_none() {
                     core.catch_up();
@@ -455,10 +455,10 @@ macro_rules! channel_reads {
         impl actix::Handler<$crate::channels::Resync> for $actor {
             type Result = ();
 
-            fn handle(&mut self, msg: $crate::channels::Resync, _: &mut Self::Context) {
+            fn handle(&mut self, msg: $crate::channels::Resync, ctx: &mut Self::Context) {
                 let (core, _) = $crate::channels::commit::ChannelActor::parts(self);
                 core.journal_len = msg.0;
-                $crate::channels::commit::ChannelActor::resync(self);
+                $crate::channels::commit::ChannelActor::resync(self, ctx);
             }
         }
 
@@ -484,7 +484,7 @@ macro_rules! channel_reads {
                 tracing::info!(channel = %core.uri, "this node runs the channel now");
                 if core.shared.journal.len(&core.uri) != core.journal_len {
                     // Batches read from the stream but not applied yet.
-                    $crate::channels::commit::ChannelActor::resync(self);
+                    $crate::channels::commit::ChannelActor::resync(self, ctx);
                 }
                 $crate::channels::commit::ChannelActor::promoted(self, ctx)
             }

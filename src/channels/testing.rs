@@ -39,6 +39,8 @@ pub struct TestJournal {
     sync_open: (parking_lot::Mutex<bool>, parking_lot::Condvar),
     /// Appends fail with `Unavailable` (a full disk).
     pub fail_appends: AtomicBool,
+    /// `writable` says no (a cluster node cut off from NATS).
+    pub unwritable: AtomicBool,
 }
 
 impl Default for TestJournal {
@@ -49,6 +51,7 @@ impl Default for TestJournal {
             creates_open: watch::channel(true).0,
             sync_open: (parking_lot::Mutex::new(true), parking_lot::Condvar::new()),
             fail_appends: AtomicBool::new(false),
+            unwritable: AtomicBool::new(false),
         }
     }
 }
@@ -127,6 +130,13 @@ impl Journal for TestJournal {
             ))));
         }
         self.inner.append(channel, expected, batch)
+    }
+
+    fn writable(&self) -> Result<(), JournalError> {
+        if self.unwritable.load(Ordering::SeqCst) {
+            return Err(JournalError::Unavailable("cut off".into()));
+        }
+        Ok(())
     }
 
     fn remove(&self, channel: &ChannelUri) {

@@ -70,6 +70,7 @@ impl ChatActor {
             let r = Rejection::new(format!(
                 "the store is unavailable ({e}); the chat is read-only"
             ));
+            self.end_turn_once_store_answers(ctx);
             return refuse(self, &origin, done, &action, r);
         }
         if let StateAction::Unknown(raw) = &action {

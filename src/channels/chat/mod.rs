@@ -111,6 +111,10 @@ pub struct ChatActor {
     pending_truncate: Option<u64>,
     /// Recovered with a turn that was running when the server stopped.
     crashed_turn: bool,
+    /// The running turn whose agent lost an update to the store (refused
+    /// while the store was unavailable, or rolled back): ended with
+    /// `chat/error` once the store takes writes again.
+    turn_lost_to_store: Option<String>,
     /// `serverSeq` of the envelope that opened each roll-up entry.
     opened: HashMap<String, ServerSeq>,
 }
@@ -180,6 +184,7 @@ impl ChatActor {
             reported_status: state.status,
             rollup: rollup::open_items(&uri, &state),
             crashed_turn: state.active_turn.is_some(),
+            turn_lost_to_store: None,
             core: ChannelCore::new(uri, hub, shared),
             session,
             session_addr,
@@ -218,6 +223,44 @@ impl ChatActor {
             let err = chat_error(&t.id, &t.started_at, code, message);
             self.host_actions(ctx, vec![err], None);
         }
+    }
+}
+
+impl ChatActor {
+    /// The store refused (or rolled back) an update of the running turn, so
+    /// the agent that ran it has stopped or carries on without what it
+    /// lost: once writes are taken again the turn ends with `chat/error`
+    /// instead of staying active with nobody to finish it.
+    pub(super) fn end_turn_once_store_answers(&mut self, ctx: &mut Context<Self>) {
+        let Some(turn) = self.state.active_turn.as_ref().map(|t| t.id.clone()) else {
+            return;
+        };
+        if self.turn_lost_to_store.replace(turn).is_none() {
+            self.watch_store(ctx);
+        }
+    }
+
+    fn watch_store(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_later(commit::STORE_RETRY, |act, ctx| {
+            if act.core.follower {
+                // Its owner (now another node) ends it.
+                act.turn_lost_to_store = None;
+                return;
+            }
+            if act.core.store_refusal().is_some() || act.core.unreadable.is_some() {
+                return act.watch_store(ctx);
+            }
+            let Some(lost) = act.turn_lost_to_store.take() else {
+                return;
+            };
+            if act.state.active_turn.as_ref().is_some_and(|t| t.id == lost) {
+                act.end_interrupted_turn(
+                    ctx,
+                    "StoreUnavailable",
+                    "the store was unavailable while this turn ran: the agent's updates could not be kept",
+                );
+            }
+        });
     }
 }
 
@@ -268,7 +311,7 @@ impl ChannelActor for ChatActor {
 
     /// Back to what the store holds, and every open interaction settled —
     /// the chat takes no more writes.
-    fn roll_back(&mut self) {
+    fn roll_back(&mut self, ctx: &mut Context<Self>) {
         self.pending_turns.clear();
         self.pending_truncate = None;
         match recovery::reload(&self.core) {
@@ -284,6 +327,9 @@ impl ChannelActor for ChatActor {
             }
         }
         self.abort_all("the store is unavailable");
+        if !self.core.follower {
+            self.end_turn_once_store_answers(ctx);
+        }
     }
 }
 

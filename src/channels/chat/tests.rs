@@ -1,6 +1,7 @@
 //! A chat whose append fails goes back to what the store holds and settles
 //! every interaction still open: the agent waiting on one is resumed, once,
-//! with `aborted` — not left hanging.
+//! with `aborted` — not left hanging. A turn whose agent lost an update to
+//! the store ends with `chat/error` once the store takes writes again.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,8 +31,13 @@ fn dispatch(conn: &Arc<Outbound>, seq: i64, action: serde_json::Value) -> Client
     }
 }
 
-#[actix::test]
-async fn a_failed_append_aborts_the_interactions_open_in_the_chat() {
+/// A session's default chat with a turn running on the test agent.
+async fn chat_with_a_turn() -> (
+    Arc<TestJournal>,
+    actix::Addr<crate::channels::chat::ChatActor>,
+    Arc<Outbound>,
+    crate::channels::agent::AgentTurn,
+) {
     let journal = Arc::new(TestJournal::default());
     let (agents, mut turns) = TestAgents::new();
     let shared = testing::shared(journal.clone(), agents);
@@ -58,6 +64,31 @@ async fn a_failed_append_aborts_the_interactions_open_in_the_chat() {
         .await
         .expect("the agent gets the turn in time")
         .expect("a turn");
+    (journal, chat, client, turn)
+}
+
+fn delta(text: &str) -> StateAction {
+    serde_json::from_value(json!({"type": "chat/responsePart", "turnId": "t1",
+        "part": {"kind": "markdown", "id": "p1", "content": text}}))
+    .expect("a response part")
+}
+
+/// Wait until the journal stores the `chat/error` that ends turn `t1`
+/// because the store lost its agent's update.
+async fn turn_ended_by_the_store(journal: &TestJournal) {
+    journal
+        .wait_event("the turn's end", |e| {
+            e.starts_with("append")
+                && e.contains("chat/error")
+                && e.contains("StoreUnavailable")
+                && e.contains("t1")
+        })
+        .await;
+}
+
+#[actix::test]
+async fn a_failed_append_aborts_the_interactions_open_in_the_chat() {
+    let (journal, chat, client, turn) = chat_with_a_turn().await;
     let waiting = actix::spawn(async move {
         turn.handle
             .interact(Interaction::Input {
@@ -96,4 +127,35 @@ async fn a_failed_append_aborts_the_interactions_open_in_the_chat() {
             .is_some_and(|r| r.contains("the store is unavailable")),
         "settled by the roll-back, not by the chat going away: {settled:?}"
     );
+}
+
+#[actix::test]
+async fn a_turn_whose_update_the_store_refused_ends_with_an_error_once_the_store_is_back() {
+    let (journal, _chat, _client, turn) = chat_with_a_turn().await;
+    journal.fail_appends.store(true, Ordering::SeqCst);
+    let refused = turn.handle.emit(delta("lost")).await;
+    assert!(refused.is_err(), "the store refused the agent's update");
+    // The agent gives up (as the built-in agents do); the store comes back.
+    journal.fail_appends.store(false, Ordering::SeqCst);
+    turn_ended_by_the_store(&journal).await;
+    let late = turn.handle.emit(delta("late")).await;
+    assert!(late.is_err(), "the ended turn takes no more updates");
+}
+
+#[actix::test]
+async fn a_turn_refused_while_the_store_was_cut_off_ends_with_an_error_once_it_is_back() {
+    let (journal, _chat, _client, turn) = chat_with_a_turn().await;
+    journal.unwritable.store(true, Ordering::SeqCst);
+    let refused = turn.handle.emit(delta("lost")).await;
+    assert!(
+        refused.as_ref().is_err_and(|r| r.0.contains("read-only")),
+        "{refused:?}"
+    );
+    tokio::time::sleep(crate::channels::commit::STORE_RETRY * 2).await;
+    assert!(
+        !journal.events().iter().any(|e| e.contains("chat/error")),
+        "nothing is written while the store is cut off"
+    );
+    journal.unwritable.store(false, Ordering::SeqCst);
+    turn_ended_by_the_store(&journal).await;
 }

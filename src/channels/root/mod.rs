@@ -123,7 +123,7 @@ impl ChannelActor for RootActor {
 
     fn published(&mut self, _: &mut Context<Self>, _: Vec<(Accepted, ServerSeq)>) {}
 
-    fn roll_back(&mut self) {}
+    fn roll_back(&mut self, _ctx: &mut Context<Self>) {}
 }
 
 impl Handler<ClientDispatch> for RootActor {

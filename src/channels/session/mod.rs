@@ -228,7 +228,7 @@ impl ChannelActor for SessionActor {
         self.report_summary();
     }
 
-    fn roll_back(&mut self) {
+    fn roll_back(&mut self, _ctx: &mut Context<Self>) {
         match recovery::reload(&self.core) {
             Ok(Some(Rebuilt::Session(state))) => self.state = *state,
             Ok(Some(_)) => {
