@@ -53,9 +53,12 @@ pub struct Config {
     /// connection; frames pushed meanwhile share the next write. Replies,
     /// pongs and closes never wait. Zero writes every frame at once.
     pub write_pacing: Duration,
-    /// Actix worker threads for HTTP/WebSocket handling.
+    /// Threads serving HTTP and WebSocket connections; a session a client
+    /// creates runs on the thread serving that client
+    /// ([`crate::channels::homes`]).
     pub http_workers: usize,
-    /// Arbiter threads the chat and session actors are spread over.
+    /// Threads the sessions restored at start-up or followed from another
+    /// node (and the root channel) are spread over.
     pub actor_threads: usize,
     /// A socket with no traffic (not even pongs) for this long is closed.
     pub idle_timeout: Duration,
@@ -154,9 +157,15 @@ impl Default for Limits {
 
 impl Default for Config {
     fn default() -> Self {
-        let cores = std::thread::available_parallelism()
+        // One core is left to the store's writer thread, the agents'
+        // processes and the kernel's network work: on two cores one
+        // serving thread spends a fifth less CPU per delivery than two
+        // (fewer sleeps and wake-ups; loadtest/README.md, "Threads").
+        let serving = std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(2);
+            .unwrap_or(2)
+            .saturating_sub(1)
+            .max(1);
         Self {
             auth_secret: None,
             allowed_origins: Vec::new(),
@@ -173,8 +182,8 @@ impl Default for Config {
             outbound_limit_bytes: 8 * 1024 * 1024,
             write_pacing: Duration::from_millis(5),
             max_frame_bytes: 1024 * 1024,
-            http_workers: cores,
-            actor_threads: cores,
+            http_workers: serving,
+            actor_threads: serving,
             idle_timeout: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(20),
             agents: Vec::new(),

@@ -129,12 +129,13 @@ struct ServeArgs {
     /// and closes never wait. 0 writes every frame at once.
     #[arg(long, default_value_t = Config::default().write_pacing.as_secs_f64() * 1000.0)]
     write_pacing_ms: f64,
-    /// Threads that accept connections, read clients' frames and run the
-    /// connection actors [default: one per core].
+    /// Threads that accept connections, read clients' frames, run the
+    /// connection actors and the sessions clients create [default: one per
+    /// core but one, at least one].
     #[arg(long)]
     http_workers: Option<usize>,
-    /// Threads the chat and session actors are spread over [default: one
-    /// per core].
+    /// Threads the sessions restored at start-up or followed from another
+    /// node are spread over [default: one per core but one, at least one].
     #[arg(long)]
     actor_threads: Option<usize>,
     /// Open connections on the server.

@@ -92,6 +92,11 @@ impl Principals {
         now: Instant,
         f: impl FnOnce(&mut PrincipalBuckets) -> R,
     ) -> R {
+        // Known principals (every frame but a principal's first) need no
+        // owned key.
+        if let Some(mut known) = self.buckets.get_mut(key) {
+            return f(&mut known);
+        }
         let mut entry = self
             .buckets
             .entry(key.to_owned())

@@ -4,7 +4,7 @@
 
 use tandem_loadtest::scenarios::agent_stream::{self, AgentStreamArgs, Agents};
 use tandem_loadtest::scenarios::drafts::{self, DraftsArgs};
-use tandem_loadtest::scenarios::fanout::{self, Against, FanoutArgs, Peer};
+use tandem_loadtest::scenarios::fanout::{self, Against, FanoutArgs, Peer, SessionsBy};
 use tandem_loadtest::server::ServerOpts;
 
 fn in_process() -> ServerOpts {
@@ -40,6 +40,7 @@ async fn fanout_measures_both_servers_without_loss() {
         sweep: vec![],
         sweep_p99_ms: 25.0,
         dispose: false,
+        sessions_by: SessionsBy::Writer,
     };
     let r = fanout::run(&args, &in_process())
         .await
@@ -84,6 +85,7 @@ async fn fanout_sweep_reports_the_highest_rate_each_server_held() {
         sweep: vec![20.0, 40.0],
         sweep_p99_ms: 10_000.0,
         dispose: false,
+        sessions_by: SessionsBy::Setup,
     };
     let r = fanout::run(&args, &in_process())
         .await
@@ -134,6 +136,7 @@ async fn fanout_against_the_node_peer_reports_ratios() {
         sweep: vec![],
         sweep_p99_ms: 25.0,
         dispose: false,
+        sessions_by: SessionsBy::Writer,
     };
     let r = fanout::run(&args, &in_process())
         .await

@@ -193,17 +193,19 @@ impl ChannelAddr {
         }
     }
 
-    /// `createSession` (asked of the root).
+    /// `createSession` (asked of the root); the session runs on `home`.
     pub fn create_session(
         &self,
         uri: ChannelUri,
         provider: Option<String>,
         owner: SessionOwner,
+        home: ArbiterHandle,
     ) -> impl Future<Output = Result<(), RpcError>> + 'static {
         let msg = CreateSession {
             uri,
             provider,
             owner: Some((owner.subject, owner.max_sessions)),
+            home: Some(home),
         };
         let sent = self.root().map(|a| a.send(msg));
         async move { answered(sent?.await) }

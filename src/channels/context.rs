@@ -34,7 +34,9 @@ pub struct Shared {
     /// The other nodes of the cluster, when this node is one
     /// ([`crate::store::cluster`]); `None` for a single node.
     pub cluster: Option<Arc<dyn ClusterLink>>,
-    /// The threads new actors are spread on.
+    /// The threads serving connections, where clients' new sessions run.
+    pub homes: super::homes::Homes,
+    /// The threads restored and followed actors are spread on.
     arbiters: Vec<ArbiterHandle>,
     /// Round-robin position in `arbiters`.
     next_arbiter: AtomicUsize,
@@ -73,6 +75,7 @@ impl Shared {
             journal,
             providers,
             cluster: None,
+            homes: Default::default(),
             arbiters,
             next_arbiter: AtomicUsize::new(0),
         })

@@ -17,6 +17,7 @@ pub mod commit;
 pub mod context;
 pub mod core;
 pub mod forward;
+pub mod homes;
 pub mod recovery;
 pub mod registry;
 pub mod rollup;

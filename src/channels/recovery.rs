@@ -169,7 +169,8 @@ impl Handler<Restore> for RootActor {
                     if let Some(owner) = &c.info.owner {
                         self.note_owner(owner, uri.clone());
                     }
-                    let addr = self.start_session(uri, actor, summary);
+                    let home = shared.next_arbiter();
+                    let addr = self.start_session(uri, actor, summary, &home);
                     sessions.insert(c.info.uri, addr);
                     stats.sessions += 1;
                 }
@@ -190,6 +191,7 @@ impl Handler<Restore> for RootActor {
                         session: session_uri.clone(),
                         session_addr: session,
                         provider: c.info.provider.clone(),
+                        arbiter: shared.next_arbiter(),
                     };
                     let addr =
                         home.start(move |home, hub| ChatActor::recovered(home, hub, *state, base));

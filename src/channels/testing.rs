@@ -277,6 +277,7 @@ pub async fn session(
         uri: uri.into(),
         owner: None,
         provider: None,
+        home: None,
     })
     .await
     .expect("root runs")

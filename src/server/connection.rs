@@ -70,6 +70,8 @@ impl Connection {
         };
         let budget =
             crate::rate::DispatchBudget::new(&app.shared.config.limits, std::time::Instant::now());
+        // This thread serves connections: sessions created here may run here.
+        app.shared.homes.serve_here();
         let conn = Connection {
             app,
             out: out.clone(),
@@ -189,6 +191,23 @@ impl Connection {
                 .push(Push::Response(ByteString::from(protocol::encode_result(
                     id, result,
                 ))));
+        }
+    }
+
+    /// Answer a `dispatchAction` request `id` (`null`) once the tasks woken
+    /// so far on this thread have run: a chat running here (see
+    /// [`crate::channels::homes`]) publishes the action's echo meanwhile,
+    /// and reply and echo leave in one write. Queued now, so it stays ahead
+    /// of anything pushed after it.
+    pub(super) fn reply_after_dispatch(&self, id: &Option<Value>) {
+        if let Some(id) = id {
+            self.out
+                .push_deferred(Push::Response(ByteString::from(protocol::encode_result(
+                    id,
+                    &Value::Null,
+                ))));
+            let out = self.out.clone();
+            actix::spawn(async move { out.flush() });
         }
     }
 

@@ -136,7 +136,7 @@ impl Connection {
             .is_some_and(|p| self.providers.contains(p));
         ch.addr
             .dispatch(self.out.clone(), origin, p.action, as_agent);
-        self.reply(&id, &Value::Null);
+        self.reply_after_dispatch(&id);
         Ok(())
     }
 
@@ -173,10 +173,11 @@ impl Connection {
             subject: self.principal.subject.clone(),
             max_sessions: self.app.shared.config.limits.max_sessions_per_token,
         };
+        let home = self.app.shared.homes.for_new_session();
         let done = self
             .app
             .root
-            .create_session(p.channel.into(), p.provider, owner);
+            .create_session(p.channel.into(), p.provider, owner, home);
         self.reply_when(id, done, ctx, |()| Value::Null);
         Ok(())
     }

@@ -17,13 +17,14 @@
 
 use std::sync::Arc;
 
+use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use crate::conn::{unique, Endpoint};
 use crate::engine::{
-    connect_publisher, publish_and_collect, spawn_subscribers, ActionKind, Gate, Outcome,
-    PhaseTiming, Publisher, Run, Schedule, SubPlan,
+    publish_and_collect, spawn_subscribers, ActionKind, Gate, Outcome, PhaseTiming, Publisher, Run,
+    Schedule, SubPlan,
 };
 use crate::progress::note;
 use crate::report::ScenarioResult;
@@ -139,6 +140,20 @@ pub struct FanoutArgs {
     /// the replay ring's bytes (`/healthz`).
     #[arg(long)]
     pub dispose: bool,
+    /// Who creates each chat's session: its (first) writer, as a person
+    /// who opens a session and types in it, or one set-up connection that
+    /// creates them all, as a back end provisioning sessions for others.
+    #[arg(long, value_enum, default_value = "writer")]
+    pub sessions_by: SessionsBy,
+}
+
+/// Which connection creates the sessions of a fan-out phase.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionsBy {
+    /// Each chat's first writer, before it writes.
+    Writer,
+    /// One set-up connection, closed before the phase.
+    Setup,
 }
 
 /// Memory around disposing every session of a phase.
@@ -272,16 +287,35 @@ async fn phase(
     label: &str,
 ) -> anyhow::Result<(Outcome, Vec<String>)> {
     let ep = Arc::new(Endpoint::new(&server.url, opts.source_ips).await?);
-    let mut setup = ep.client(&unique("setup")).await?;
+    let p = args.publishers.max(1);
     let mut chats = Vec::with_capacity(args.chats);
     let mut sessions = Vec::with_capacity(args.chats);
-    for _ in 0..args.chats {
-        let (session, chat) = setup.create_session().await?;
-        sessions.push(session);
-        chats.push(chat);
+    // Every writer's connection, opened (and for `--sessions-by writer`,
+    // the first of each chat creating its session) before any phase starts.
+    let mut writers = Vec::with_capacity(args.chats * p);
+    let mut setup = match args.sessions_by {
+        SessionsBy::Setup => Some(ep.client(&unique("setup")).await?),
+        SessionsBy::Writer => None,
+    };
+    for c in 0..args.chats {
+        for k in 0..p {
+            let client_id = unique(&format!("agent-{}", c * p + k));
+            let mut client = ep
+                .client(&client_id)
+                .await
+                .with_context(|| format!("connecting publisher {client_id}"))?;
+            if k == 0 {
+                let creator = setup.as_mut().unwrap_or(&mut client);
+                let (session, chat) = creator.create_session().await?;
+                sessions.push(session);
+                chats.push(chat);
+            }
+            writers.push((client_id, client.ws));
+        }
     }
-    setup.close().await;
-    let p = args.publishers.max(1);
+    if let Some(setup) = setup {
+        setup.close().await;
+    }
     let per_pub = match schedule {
         Schedule::Open { rate, count } => Schedule::Open {
             rate: rate / p as f64,
@@ -305,11 +339,11 @@ async fn phase(
     };
     let run = Run::new(args.chats * p, slots);
     let mut publishers = Vec::new();
+    let mut writers = writers.into_iter();
     for (c, chat) in chats.iter().enumerate() {
         for k in 0..p {
             let index = (c * p + k) as u32;
-            let client_id = unique(&format!("agent-{index}"));
-            let ws = connect_publisher(&ep, &client_id).await?;
+            let (client_id, ws) = writers.next().context("a writer per publisher")?;
             publishers.push((
                 Publisher {
                     index,

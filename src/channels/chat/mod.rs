@@ -131,11 +131,13 @@ pub struct ChatHome {
     pub session_addr: Addr<SessionActor>,
     /// Provider id of the owning session.
     pub provider: String,
+    /// The thread the chat runs on.
+    pub arbiter: ArbiterHandle,
 }
 
 impl ChatHome {
     /// Start the chat's actor, built by `make` (with the channel's new hub)
-    /// on the next arbiter, and register the channel.
+    /// on its arbiter, and register the channel.
     pub fn start(
         self,
         make: impl FnOnce(ChatHome, Arc<Hub>) -> ChatActor + Send + 'static,
@@ -145,7 +147,8 @@ impl ChatHome {
         let (uri, session) = (self.uri.clone(), self.session.clone());
         let provider = self.provider.as_str().into();
         let h = hub.clone();
-        let addr = ChatActor::start_in_arbiter(&shared.next_arbiter(), move |_| make(self, h));
+        let arbiter = self.arbiter.clone();
+        let addr = ChatActor::start_in_arbiter(&arbiter, move |_| make(self, h));
         shared.registry.insert(Channel {
             uri,
             hub,
@@ -173,6 +176,7 @@ impl ChatActor {
             session,
             session_addr,
             provider,
+            arbiter: _,
         } = home;
         let used_turn_ids = state
             .turns

@@ -44,6 +44,10 @@ pub struct CreateSession {
     pub owner: Option<(String, usize)>,
     /// Provider id (default: the directory's default, the built-in `scripted`).
     pub provider: Option<String>,
+    /// The thread the session and its chats run on: the one serving the
+    /// creating client's connection, so its actions need no hand-off
+    /// between threads (`None`: the next of the actor threads).
+    pub home: Option<ArbiterHandle>,
 }
 
 impl Handler<CreateSession> for RootActor {
@@ -170,7 +174,8 @@ impl Handler<AdoptSession> for RootActor {
         if let Some(owner) = &c.info.owner {
             self.note_owner(owner, uri.clone());
         }
-        let addr = self.start_session(uri.clone(), actor, summary.clone());
+        let home = self.core.shared.next_arbiter();
+        let addr = self.start_session(uri.clone(), actor, summary.clone(), &home);
         addr.do_send(crate::channels::Resync(c.len));
         self.notify(
             &uri,
@@ -291,7 +296,8 @@ impl RootActor {
                 changes: Vec::new(),
             },
         );
-        let addr = self.start_session(uri.clone(), session_actor, summary);
+        let home = msg.home.unwrap_or_else(|| shared.next_arbiter());
+        let addr = self.start_session(uri.clone(), session_actor, summary, &home);
         addr.do_send(InitSession {
             default_chat: format!("ahp-chat:/{}", uuid::Uuid::new_v4()).into(),
             done,
@@ -383,17 +389,18 @@ impl RootActor {
             .insert(session);
     }
 
-    /// Start a session actor, register it, and list it.
+    /// Start a session actor on `arbiter`, register it, and list it.
     pub fn start_session(
         &mut self,
         uri: ChannelUri,
         actor: SessionActor,
         summary: SessionSummary,
+        arbiter: &ArbiterHandle,
     ) -> Addr<SessionActor> {
         let shared = self.core.shared.clone();
         let hub = actor.hub();
         let provider: Arc<str> = summary.provider.as_str().into();
-        let addr = SessionActor::start_in_arbiter(&shared.next_arbiter(), move |_| actor);
+        let addr = SessionActor::start_in_arbiter(arbiter, move |_| actor);
         shared.registry.insert(Channel {
             uri: uri.clone(),
             hub,

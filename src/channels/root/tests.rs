@@ -17,6 +17,7 @@ fn create(uri: &str) -> CreateSession {
         uri: uri.into(),
         owner: None,
         provider: None,
+        home: None,
     }
 }
 

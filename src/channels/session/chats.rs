@@ -48,6 +48,10 @@ impl SessionActor {
             session: self.core.uri.clone(),
             session_addr: ctx.address(),
             provider: self.state.provider.clone(),
+            // The session's own thread: where its creator's connection is
+            // served, so that client's actions reach the chat without a
+            // hand-off between threads.
+            arbiter: Arbiter::current(),
         };
         let t = title.clone();
         let addr = home.start(move |home, hub| ChatActor::new(home, hub, t));

@@ -44,6 +44,7 @@ impl Handler<AdoptChat> for SessionActor {
         };
         let home = ChatHome {
             uri: uri.clone(),
+            arbiter: shared.next_arbiter(),
             shared,
             session: self.core.uri.clone(),
             session_addr: ctx.address(),

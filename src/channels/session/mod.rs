@@ -211,6 +211,14 @@ impl SessionActor {
 
 impl Actor for SessionActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, _: &mut Self::Context) {
+        self.core.shared.homes.arrived();
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.core.shared.homes.left();
+    }
 }
 
 impl ChannelActor for SessionActor {
