@@ -47,6 +47,7 @@ pub mod channels;
 pub mod config;
 pub mod ids;
 pub mod interactions;
+pub mod memory;
 pub mod protocol;
 pub mod providers;
 pub mod publish;

@@ -20,6 +20,33 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[export_name = "_rjem_malloc_conf"]
 pub static malloc_conf: &[u8] = b"background_thread:true\0";
 
+/// jemalloc's figures for `/healthz` (refreshed on each read).
+fn jemalloc_stats() -> Option<tandem::memory::AllocatorStats> {
+    tikv_jemalloc_ctl::epoch::advance().ok()?;
+    Some(tandem::memory::AllocatorStats {
+        allocated: tikv_jemalloc_ctl::stats::allocated::read().ok()? as u64,
+        resident: tikv_jemalloc_ctl::stats::resident::read().ok()? as u64,
+    })
+}
+
+/// Purge every arena's unused pages (`arena.<MALLCTL_ARENAS_ALL>.purge`).
+fn jemalloc_release() {
+    // SAFETY: a void mallctl takes no old or new value; the name is
+    // NUL-terminated.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"arena.4096.purge".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(rc, "jemalloc did not purge");
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "tandem",
@@ -268,6 +295,10 @@ impl ServeArgs {
 }
 
 fn main() {
+    tandem::memory::install(tandem::memory::Allocator {
+        stats: jemalloc_stats,
+        release: jemalloc_release,
+    });
     if let Err(e) = serve() {
         eprintln!("tandem: {e:#}");
         std::process::exit(1);

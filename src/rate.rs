@@ -143,6 +143,7 @@ impl Principals {
     /// Forget a principal (a connection that was its own principal closed).
     pub fn forget(&self, key: &str) {
         self.buckets.remove(key);
+        crate::memory::shrink_if_sparse(&self.buckets);
     }
 }
 

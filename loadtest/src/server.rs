@@ -520,6 +520,11 @@ impl Server {
         self.pid.and_then(crate::sys::rss_bytes)
     }
 
+    /// Anonymous resident memory of the server process (heap and stacks).
+    pub fn rss_anon(&self) -> Option<u64> {
+        self.pid.and_then(crate::sys::rss_anon_bytes)
+    }
+
     /// Whether this is a child we spawned.
     pub fn is_child(&self) -> bool {
         matches!(self.inner, Inner::Child(_))

@@ -32,6 +32,14 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     parse_vm_rss(&status)
 }
 
+/// Anonymous resident memory of a process in bytes (`RssAnon`): its heap
+/// and stacks, without the pages of its program file (`RssFile`), which
+/// the kernel maps in as code runs and may drop at any time.
+pub fn rss_anon_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_kb(&status, "RssAnon:")
+}
+
 /// Resident set size of this process in bytes.
 pub fn self_rss_bytes() -> Option<u64> {
     rss_bytes(std::process::id())

@@ -56,7 +56,9 @@ impl Registry {
 
     /// Remove a channel.
     pub fn remove(&self, uri: &str) -> Option<Channel> {
-        self.channels.remove(uri).map(|(_, c)| c)
+        let removed = self.channels.remove(uri).map(|(_, c)| c);
+        crate::memory::shrink_if_sparse(&self.channels);
+        removed
     }
 
     /// Whether a channel exists.

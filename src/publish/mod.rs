@@ -200,6 +200,18 @@ impl Publisher {
         self.state.lock().ring_bytes
     }
 
+    /// Memory the replay ring holds: its envelopes with their shared
+    /// headers, and its slots (allocated up front, at most
+    /// `--replay-ring-len` of them).
+    pub fn ring_footprint(&self) -> usize {
+        /// An `Arc<str>`'s two counters.
+        const ARC_HEADER: usize = 2 * std::mem::size_of::<usize>();
+        let st = self.state.lock();
+        st.ring_bytes
+            + st.ring.len() * ARC_HEADER
+            + st.ring.capacity() * std::mem::size_of::<RingEntry>()
+    }
+
     /// Reserve `block` numbers at a time instead of [`SEQ_BLOCK`], so tests
     /// can make several publishers' blocks interleave.
     #[cfg(test)]

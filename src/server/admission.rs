@@ -131,6 +131,7 @@ impl Drop for Slot {
         // its slot is free.
         if let Some(id) = self.conn {
             self.table.open.remove(&id);
+            crate::memory::shrink_if_sparse(&self.table.open);
         }
     }
 }

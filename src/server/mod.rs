@@ -123,9 +123,19 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
         "channels": state.shared.registry.len(),
         "connections": state.connections.open_len(),
         "replayRingBytes": state.shared.publisher.ring_bytes(),
+        "replayRingFootprintBytes": state.shared.publisher.ring_footprint(),
     });
     if let Some(cluster) = state.shared.journal.health() {
         body["cluster"] = cluster;
+    }
+    if let Some(b) = state.shared.journal.memory_bytes() {
+        body["storeMemoryBytes"] = b.into();
+    }
+    if let Some(m) = crate::memory::stats() {
+        body["allocator"] = serde_json::json!({
+            "allocatedBytes": m.allocated,
+            "residentBytes": m.resident,
+        });
     }
     HttpResponse::Ok().json(body)
 }

@@ -254,6 +254,12 @@ pub trait Journal: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Memory the store's engine holds in this process (SQLite: its page
+    /// caches and statements), when it can tell.
+    fn memory_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// What `/healthz` shows of the store beyond the server's own figures
     /// (a cluster node: its name, its NATS connection, the channels it
     /// owns).

@@ -198,3 +198,55 @@ async fn a_client_close_is_answered_with_its_own_code() {
     wait_connections(server.addr, 0).await;
     server.stop().await;
 }
+
+/// `/healthz` accounts for what disposing sessions leaves: the server
+/// binary reports its allocator's figures and hands the freed pages back,
+/// the ring states its whole footprint and SQLite its caches; the disposed
+/// channels and their journal lengths are gone.
+#[tokio::test]
+async fn disposed_sessions_leave_only_the_stated_budgets() {
+    let dir = temp_dir("dispose-memory");
+    let server = ServerProcess::spawn(&dir, &[]);
+    let mut c = server.client("disposer").await;
+    let mut sessions = Vec::new();
+    for _ in 0..20 {
+        let (session, chat) = c.create_session().await;
+        for i in 0..5 {
+            let seq = c.dispatch(&chat, draft(&format!("draft {i}"))).await;
+            c.wait_echo(None, seq).await;
+        }
+        sessions.push(session);
+    }
+    let before = healthz(server.addr).await;
+    assert_eq!(
+        before["channels"], 41,
+        "root, 20 sessions, 20 chats: {before}"
+    );
+    for session in &sessions {
+        let _: serde_json::Value = c
+            .client
+            .request("disposeSession", json!({ "channel": session }))
+            .await
+            .expect("disposeSession");
+    }
+    // The release runs a moment after the last disposal.
+    tokio::time::sleep(tandem::memory::RELEASE_DELAY * 2).await;
+    let after = healthz(server.addr).await;
+    assert_eq!(after["channels"], 1, "{after}");
+    let ring = after["replayRingBytes"].as_u64().expect("ring bytes");
+    let footprint = after["replayRingFootprintBytes"]
+        .as_u64()
+        .expect("ring footprint");
+    assert!(ring > 0 && footprint > ring, "{after}");
+    assert!(
+        after["storeMemoryBytes"].as_u64().unwrap_or(0) > 0,
+        "{after}"
+    );
+    let allocated = after["allocator"]["allocatedBytes"]
+        .as_u64()
+        .expect("the binary reports its allocator");
+    let resident = after["allocator"]["residentBytes"]
+        .as_u64()
+        .expect("resident bytes");
+    assert!(allocated > 0 && resident >= allocated, "{after}");
+}

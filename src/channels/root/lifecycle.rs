@@ -98,6 +98,7 @@ impl Handler<RemoveSession> for RootActor {
                 format!("no session `{}`", msg.uri),
             ))));
         };
+        crate::memory::shrink_map_if_sparse(&mut self.sessions);
         self.agent_forgets(&summary.provider, &msg.uri);
         // Gone for new requests at once; announced once the store forgot it.
         let announced = self.creating.remove(msg.uri.as_str()).is_none();
@@ -130,6 +131,9 @@ impl Handler<RemoveSession> for RootActor {
                 );
                 act.session_count_changed();
             }
+            // The session's chats, states and queues are freed: hand the
+            // pages back rather than keep them for reuse.
+            crate::memory::release_soon();
             Ok(())
         }))
     }

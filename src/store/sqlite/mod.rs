@@ -127,6 +127,12 @@ fn closed() -> JournalError {
 }
 
 impl Journal for SqliteJournal {
+    fn memory_bytes(&self) -> Option<u64> {
+        // SAFETY: a read of SQLite's global counter, no arguments.
+        let used = unsafe { rusqlite::ffi::sqlite3_memory_used() };
+        u64::try_from(used).ok()
+    }
+
     fn create_channel(&self, info: ChannelInfo) -> Commit {
         let (done, rx) = oneshot::channel();
         if !self.send(Op::Create(info, done)) {

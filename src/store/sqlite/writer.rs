@@ -89,7 +89,8 @@ impl Writer {
     pub(super) fn commit_group(&mut self, ops: Vec<Op>) {
         // Positions as they will be after this commit; published to `lens`
         // only if it succeeds.
-        let mut pending: HashMap<ChannelUri, JournalPos> = HashMap::new();
+        // `None`: removed.
+        let mut pending: HashMap<ChannelUri, Option<JournalPos>> = HashMap::new();
         let mut results: Vec<Result<(), JournalError>> = Vec::with_capacity(ops.len());
         // The owner after each `BindProvider` op, in op order.
         let mut owners: Vec<String> = Vec::new();
@@ -114,8 +115,16 @@ impl Writer {
             self.next_ord = ord_before;
         } else {
             for (c, l) in pending {
-                self.lens.insert(c, l);
+                match l {
+                    Some(l) => {
+                        self.lens.insert(c, l);
+                    }
+                    None => {
+                        self.lens.remove(&c);
+                    }
+                }
             }
+            crate::memory::shrink_if_sparse(&self.lens);
         }
         let mut owners = owners.into_iter();
         for (op, r) in ops
@@ -151,7 +160,7 @@ fn apply(
     tx: &rusqlite::Transaction<'_>,
     op: &Op,
     next_ord: &mut i64,
-    pending: &mut HashMap<ChannelUri, JournalPos>,
+    pending: &mut HashMap<ChannelUri, Option<JournalPos>>,
     lens: &DashMap<ChannelUri, JournalPos>,
     owners: &mut Vec<String>,
 ) -> rusqlite::Result<Result<(), JournalError>> {
@@ -162,7 +171,7 @@ fn apply(
                 params![info.uri.as_str(), *next_ord, info.kind.as_str(), info.session.as_deref(), info.provider, info.title, info.created_at, info.owner],
             )?;
             *next_ord += 1;
-            pending.insert(info.uri.clone(), JournalPos::ZERO);
+            pending.insert(info.uri.clone(), Some(JournalPos::ZERO));
         }
         Op::Append {
             channel,
@@ -170,10 +179,10 @@ fn apply(
             batch,
             ..
         } => {
-            let found = pending
-                .get(channel)
-                .copied()
-                .unwrap_or_else(|| lens.get(channel).map_or(JournalPos::ZERO, |l| *l));
+            let found = match pending.get(channel) {
+                Some(l) => l.unwrap_or(JournalPos::ZERO),
+                None => lens.get(channel).map_or(JournalPos::ZERO, |l| *l),
+            };
             if found != *expected {
                 return Ok(Err(JournalError::Conflict {
                     channel: channel.clone(),
@@ -182,7 +191,10 @@ fn apply(
                 }));
             }
             write_batch(tx, channel, *expected, batch)?;
-            pending.insert(channel.clone(), expected.plus(batch.records.len() as u64));
+            pending.insert(
+                channel.clone(),
+                Some(expected.plus(batch.records.len() as u64)),
+            );
         }
         Op::Remove(channel) => {
             tx.execute("DELETE FROM channels WHERE uri = ?1", [channel.as_str()])?;
@@ -192,7 +204,7 @@ fn apply(
                 [channel.as_str()],
             )?;
             tx.execute("DELETE FROM turns WHERE chat = ?1", [channel.as_str()])?;
-            pending.insert(channel.clone(), JournalPos::ZERO);
+            pending.insert(channel.clone(), None);
         }
         Op::BindProvider {
             provider, subject, ..
