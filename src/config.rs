@@ -157,15 +157,13 @@ impl Default for Limits {
 
 impl Default for Config {
     fn default() -> Self {
-        // One core is left to the store's writer thread, the agents'
-        // processes and the kernel's network work: on two cores one
-        // serving thread spends a fifth less CPU per delivery than two
-        // (fewer sleeps and wake-ups; loadtest/README.md, "Threads").
+        // One serving thread per core. Fewer spend less CPU per delivery at
+        // moderate rates (fewer sleeps and wake-ups) but leave one big room's
+        // paced writes on fewer cores: loadtest/README.md, "After: sessions
+        // on their creator's thread".
         let serving = std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(2)
-            .saturating_sub(1)
-            .max(1);
+            .unwrap_or(2);
         Self {
             auth_secret: None,
             allowed_origins: Vec::new(),

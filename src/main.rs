@@ -158,11 +158,11 @@ struct ServeArgs {
     write_pacing_ms: f64,
     /// Threads that accept connections, read clients' frames, run the
     /// connection actors and the sessions clients create [default: one per
-    /// core but one, at least one].
+    /// core].
     #[arg(long)]
     http_workers: Option<usize>,
     /// Threads the sessions restored at start-up or followed from another
-    /// node are spread over [default: one per core but one, at least one].
+    /// node are spread over [default: one per core].
     #[arg(long)]
     actor_threads: Option<usize>,
     /// Open connections on the server.
