@@ -45,9 +45,7 @@ pub fn shrink_if_sparse<K, V>(map: &dashmap::DashMap<K, V>)
 where
     K: Eq + std::hash::Hash,
 {
-    const SMALL: usize = 1024;
-    let capacity = map.capacity();
-    if capacity > SMALL && map.len() * 4 < capacity {
+    if is_sparse(map.len(), map.capacity()) {
         map.shrink_to_fit();
     }
 }
@@ -57,10 +55,14 @@ pub fn shrink_map_if_sparse<K, V>(map: &mut std::collections::HashMap<K, V>)
 where
     K: Eq + std::hash::Hash,
 {
-    const SMALL: usize = 1024;
-    if map.capacity() > SMALL && map.len() * 4 < map.capacity() {
+    if is_sparse(map.len(), map.capacity()) {
         map.shrink_to_fit();
     }
+}
+
+/// Room for more than 1,024 entries, under a quarter of it used.
+fn is_sparse(len: usize, capacity: usize) -> bool {
+    capacity > 1024 && len * 4 < capacity
 }
 
 /// Install the binary's allocator (once; later calls are ignored).
