@@ -26,6 +26,9 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
     /// How hard a commit waits for the disk.
     pub durability: Durability,
+    /// How long a group commit of the SQLite store may wait for more writes
+    /// when they arrive in a steady stream (zero: never waits).
+    pub commit_window: Duration,
     /// Envelopes kept in memory for `reconnect` replay.
     pub replay_ring_len: usize,
     /// Bytes of envelopes kept in memory for `reconnect` replay; older ones
@@ -170,6 +173,7 @@ impl Default for Config {
             limits: Limits::default(),
             data_dir: None,
             durability: Durability::Full,
+            commit_window: crate::store::DEFAULT_COMMIT_WINDOW,
             replay_ring_len: 100_000,
             replay_ring_bytes: 64 * 1024 * 1024,
             max_replay_bytes: 4 * 1024 * 1024,

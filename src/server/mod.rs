@@ -128,6 +128,9 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     if let Some(cluster) = state.shared.journal.health() {
         body["cluster"] = cluster;
     }
+    if let Some(c) = state.shared.journal.commit_stats() {
+        body["storeCommits"] = serde_json::json!(c);
+    }
     if let Some(b) = state.shared.journal.memory_bytes() {
         body["storeMemoryBytes"] = b.into();
     }
@@ -243,7 +246,7 @@ where
                 .context("joining the cluster (check --cluster)")?,
         ),
         (None, Some(dir)) => Arc::new(
-            SqliteJournal::open(dir, config.durability)
+            SqliteJournal::open_with_window(dir, config.durability, config.commit_window)
                 .map_err(|e| anyhow::anyhow!("{e}"))
                 .context("opening the store (check --data-dir)")?,
         ),

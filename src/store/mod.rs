@@ -25,7 +25,7 @@ use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 pub use cluster::{ClusterEvent, ClusterLink, Replicated};
 pub use jetstream::{ClusterConfig, JetStreamJournal};
 pub use memory::MemoryJournal;
-pub use sqlite::{Durability, SqliteJournal};
+pub use sqlite::{Durability, SqliteJournal, DEFAULT_COMMIT_WINDOW};
 
 /// A boxed future resolving when a batch is durable.
 pub type Commit = Pin<Box<dyn Future<Output = Result<(), JournalError>> + Send>>;
@@ -202,6 +202,18 @@ pub struct Recovered {
     pub provider_owners: BTreeMap<String, String>,
 }
 
+/// Group-commit figures of a store since it opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommitStats {
+    /// Transactions committed (or attempted).
+    pub commits: u64,
+    /// Writes (appends, creations, removals, …) in them.
+    pub writes: u64,
+    /// Commits whose group waited for more writes (the commit window).
+    pub waited: u64,
+}
+
 /// Storage for the action log of every channel.
 pub trait Journal: Send + Sync + 'static {
     /// Record a new channel. Resolves once durable.
@@ -257,6 +269,12 @@ pub trait Journal: Send + Sync + 'static {
     /// Memory the store's engine holds in this process (SQLite: its page
     /// caches and statements), when it can tell.
     fn memory_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// How the store has grouped its commits since it opened, when it
+    /// groups them (SQLite).
+    fn commit_stats(&self) -> Option<CommitStats> {
         None
     }
 

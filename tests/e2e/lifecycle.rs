@@ -202,7 +202,8 @@ async fn a_client_close_is_answered_with_its_own_code() {
 /// `/healthz` accounts for what disposing sessions leaves: the server
 /// binary reports its allocator's figures and hands the freed pages back,
 /// the ring states its whole footprint and SQLite its caches; the disposed
-/// channels and their journal lengths are gone.
+/// channels and their journal lengths are gone. (It also shows the store's
+/// group-commit figures.)
 #[tokio::test]
 async fn disposed_sessions_leave_only_the_stated_budgets() {
     let dir = temp_dir("dispose-memory");
@@ -222,6 +223,12 @@ async fn disposed_sessions_leave_only_the_stated_budgets() {
         before["channels"], 41,
         "root, 20 sessions, 20 chats: {before}"
     );
+    // The store's group commits: at least the 40 creations and 100 drafts,
+    // in no more commits than writes.
+    let commits = &before["storeCommits"];
+    let writes = commits["writes"].as_u64().expect("writes committed");
+    let groups = commits["commits"].as_u64().expect("commits");
+    assert!(writes >= 140 && (1..=writes).contains(&groups), "{before}");
     for session in &sessions {
         let _: serde_json::Value = c
             .client

@@ -13,10 +13,22 @@ use crate::store::{
     TurnPage,
 };
 
-/// The columns of a `channels` row, as [`read_channel`] reads them.
-const CHANNEL_COLUMNS: &str = "uri, kind, session, provider, title, created_at, len, owner";
+/// A channel's length (records ever appended to it) as an SQL expression
+/// over its `channels` row. Appends do not rewrite the row (one page less in
+/// every commit), so the length is the greatest of: the row's `len` (kept
+/// current by stores written before that change, 0 since), the last stored
+/// action's position + 1, and the snapshot's position (a snapshot compacts
+/// the actions before it away).
+pub(super) const LEN_SQL: &str = "MAX(channels.len, \
+     COALESCE((SELECT MAX(seq) + 1 FROM actions WHERE actions.channel = channels.uri), 0), \
+     COALESCE((SELECT at_seq FROM snapshots WHERE snapshots.channel = channels.uri), 0))";
 
-/// A `channels` row read with [`CHANNEL_COLUMNS`]: the channel's identity
+/// The columns of a `channels` row, as [`read_channel`] reads them.
+fn channel_columns() -> String {
+    format!("uri, kind, session, provider, title, created_at, {LEN_SQL}, owner")
+}
+
+/// A `channels` row read with [`channel_columns`]: the channel's identity
 /// and how many records it has. A kind this build does not know is an
 /// error, not a channel silently skipped.
 fn read_channel(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ChannelInfo, JournalPos)> {
@@ -100,7 +112,7 @@ pub(super) fn load_channel(
 ) -> Result<Option<RecoveredChannel>, JournalError> {
     let row = conn
         .query_row(
-            &format!("SELECT {CHANNEL_COLUMNS} FROM channels WHERE uri = ?1"),
+            &format!("SELECT {} FROM channels WHERE uri = ?1", channel_columns()),
             [uri],
             read_channel,
         )
@@ -197,7 +209,7 @@ pub(super) fn recover(conn: &Connection) -> Result<Recovered, JournalError> {
     let mut channels = Vec::new();
     for_each_row(
         conn,
-        &format!("SELECT {CHANNEL_COLUMNS} FROM channels ORDER BY ord"),
+        &format!("SELECT {} FROM channels ORDER BY ord", channel_columns()),
         read_channel,
         |(info, len)| {
             let uri: &str = &info.uri;

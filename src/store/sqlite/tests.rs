@@ -374,3 +374,168 @@ fn tempdir() -> PathBuf {
     std::fs::create_dir_all(&d).expect("temp dir");
     d
 }
+
+#[test]
+fn a_channels_length_is_what_its_stored_actions_and_snapshot_say() {
+    let dir = tempdir();
+    let (mut w, lens) = writer(&dir);
+    let (with_snapshot, rx) = {
+        let (done, rx) = oneshot::channel();
+        let batch = Batch {
+            records: vec!["1".into(), "2".into()],
+            turns: Vec::new(),
+            truncate_turns_from: None,
+            snapshot: Some(SnapshotRecord {
+                at_seq: JournalPos::new(2),
+                state: "S".into(),
+            }),
+            origins: Vec::new(),
+        };
+        let op = Op::Append {
+            channel: "ahp-chat:/a".into(),
+            expected: JournalPos::ZERO,
+            batch,
+            done,
+        };
+        (op, rx)
+    };
+    let results = commit(
+        &mut w,
+        vec![
+            create_op("ahp-chat:/a"),
+            create_op("ahp-chat:/b"),
+            create_op("ahp-chat:/c"),
+            (with_snapshot, rx),
+            append_op("ahp-chat:/b", 0, &["x", "y", "z"]),
+        ],
+    );
+    assert_eq!(results, vec![Ok(()); 5]);
+    // The snapshot compacted every action of /a away.
+    assert!(stored_actions(&dir, "ahp-chat:/a").is_empty());
+    // A store written before appends stopped updating the row: its `len`
+    // column is current, its actions compacted.
+    reader(&dir)
+        .execute("UPDATE channels SET len = 5 WHERE uri = 'ahp-chat:/c'", [])
+        .expect("an older store's row");
+    assert_eq!(
+        lens.get("ahp-chat:/b").map(|l| *l),
+        Some(JournalPos::new(3))
+    );
+
+    let expected = [("ahp-chat:/a", 2), ("ahp-chat:/b", 3), ("ahp-chat:/c", 5)];
+    let r = recovery::recover(&reader(&dir)).expect("recover");
+    let found: Vec<_> = r
+        .channels
+        .iter()
+        .map(|c| (c.info.uri.as_str(), c.len.get()))
+        .collect();
+    assert_eq!(found, expected);
+    for (uri, len) in expected {
+        let c = recovery::load_channel(&reader(&dir), uri)
+            .expect("load")
+            .expect("stored");
+        assert_eq!(c.len, JournalPos::new(len), "{uri}");
+    }
+    drop(w);
+    let j = SqliteJournal::open(&dir, Durability::Relaxed).expect("reopen");
+    for (uri, len) in expected {
+        assert_eq!(j.len(&uri.into()), JournalPos::new(len), "{uri}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_journal_counts_its_commits_and_the_writes_in_them() {
+    let dir = tempdir();
+    let j = SqliteJournal::open(&dir, Durability::Relaxed).expect("open");
+    assert_eq!(j.commit_stats(), Some(CommitStats::default()));
+    j.create_channel(ChannelInfo::test_chat("ahp-chat:/a"))
+        .await
+        .expect("create");
+    for i in 0..3 {
+        j.append(
+            &"ahp-chat:/a".into(),
+            JournalPos::new(i),
+            Batch::of(vec!["r".into()]),
+        )
+        .await
+        .expect("append");
+    }
+    // One writer awaiting each write: a group each, none of them waited
+    // (a channel appending again at once, right after its creation, waits
+    // on us: a wait would only slow it down).
+    let stats = j.commit_stats().expect("SQLite counts");
+    assert_eq!(stats.writes, 4);
+    assert_eq!(stats.commits, 4);
+    assert_eq!(stats.waited, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One held append to `channel`.
+fn held(channel: &str) -> Vec<Op> {
+    vec![append_op(channel, 0, &["r"]).0]
+}
+
+/// Feed `gather` groups of one append each, `every` apart, the channel of
+/// group `i` being `channel(i)`; returns the time after the last group.
+fn stream(
+    gather: &mut writer::Gather,
+    from: std::time::Instant,
+    groups: usize,
+    every: Duration,
+    channel: impl Fn(usize) -> String,
+) -> std::time::Instant {
+    let mut at = from;
+    for i in 0..groups {
+        gather.group_started(at);
+        let (op, _answer) = append_op(&channel(i), 0, &["r"]);
+        gather.group_taken(&[op], at);
+        at += every;
+    }
+    at
+}
+
+const WINDOW: Duration = Duration::from_millis(3);
+
+#[test]
+fn a_group_waits_only_for_a_stream_of_writes_from_many_quiet_channels() {
+    let start = std::time::Instant::now();
+    let many = |i: usize| format!("ahp-chat:/{i}");
+
+    // A quiet store (ten writes a second): a write commits at once.
+    let mut quiet = writer::Gather::new(WINDOW);
+    let at = stream(&mut quiet, start, 20, Duration::from_millis(100), many);
+    assert!(!quiet.should_wait(&held("ahp-chat:/new"), at));
+
+    // Two thousand writes a second, each from a channel quiet for long:
+    // the window brings six more, so a lone write waits for them.
+    let mut rooms = writer::Gather::new(WINDOW);
+    let after = stream(&mut rooms, start, 50, Duration::from_micros(500), many);
+    assert!(rooms.should_wait(&held("ahp-chat:/new"), after));
+    // A group that already holds more than the window would add commits.
+    let twelve: Vec<Op> = (0..12)
+        .map(|i| append_op(&format!("ahp-chat:/new{i}"), 0, &["r"]).0)
+        .collect();
+    assert!(!rooms.should_wait(&twelve, after));
+    // A write to a channel that wrote a moment ago commits at once.
+    assert!(!rooms.should_wait(&held("ahp-chat:/49"), after));
+    // A pause longer than a few windows: the old rate is forgotten.
+    let later = after + Duration::from_secs(1);
+    let at = stream(&mut rooms, later, 1, Duration::from_micros(500), |_| {
+        "ahp-chat:/late".into()
+    });
+    assert!(!rooms.should_wait(&held("ahp-chat:/new"), at));
+
+    // The same rate from four channels appending again within
+    // milliseconds (busy chats, writers waiting on each answer): no wait.
+    let mut busy = writer::Gather::new(WINDOW);
+    let at = stream(&mut busy, start, 50, Duration::from_micros(500), |i| {
+        format!("ahp-chat:/{}", i % 4)
+    });
+    assert!(!busy.should_wait(&held("ahp-chat:/new"), at));
+
+    // A zero window never waits.
+    let mut off = writer::Gather::new(Duration::ZERO);
+    let at = stream(&mut off, start, 50, Duration::from_micros(500), many);
+    assert!(!off.should_wait(&held("ahp-chat:/new"), at));
+}

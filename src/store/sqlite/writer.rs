@@ -2,14 +2,23 @@
 //! is queued when the thread wakes is committed as one transaction (group
 //! commit), then each waiter is answered.
 //!
+//! Under a steady stream of small writes (many quiet rooms) a group would
+//! hold one or two writes and every one would pay an `fsync` and rewrite its
+//! pages. So a group may wait up to the commit window for more
+//! ([`Gather`]) — but only when the recent arrival rate says the wait will
+//! at least double it: a lone write on a quiet server, and a writer that is
+//! already behind (its queue holds a big group), commit at once.
+//!
 //! Inside a group, a fenced append (wrong `expected_seq`) fails alone and
 //! writes nothing. Any SQLite error — one bad write, or the commit itself —
 //! rolls the whole group back and fails every op in it: nobody is told a
 //! write is stored that is not, and no write is dropped silently.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use rusqlite::{params, Connection};
@@ -17,7 +26,7 @@ use tokio::sync::oneshot;
 
 use super::unavailable;
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
-use crate::store::{Batch, ChannelInfo, JournalError};
+use crate::store::{Batch, ChannelInfo, CommitStats, JournalError};
 
 /// Most queued writes folded into one transaction.
 const MAX_OPS_PER_COMMIT: usize = 4096;
@@ -52,6 +61,35 @@ pub(super) struct Writer {
     next_ord: i64,
     /// Records per channel, as committed (shared with the journal's `len`).
     lens: Arc<DashMap<ChannelUri, JournalPos>>,
+    /// Group-commit figures (shared with the journal's `commit_stats`).
+    counters: Arc<Counters>,
+}
+
+/// How the writer has grouped its commits.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    commits: AtomicU64,
+    writes: AtomicU64,
+    waited: AtomicU64,
+}
+
+impl Counters {
+    /// A group of `writes` committed (`waited`: it waited for more).
+    fn add(&self, writes: usize, waited: bool) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.writes.fetch_add(writes as u64, Ordering::Relaxed);
+        if waited {
+            self.waited.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn read(&self) -> CommitStats {
+        CommitStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            waited: self.waited.load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl Writer {
@@ -66,20 +104,38 @@ impl Writer {
             conn,
             next_ord,
             lens,
+            counters: Arc::default(),
         }
     }
 
-    /// The thread's loop: fold queued ops into one transaction per commit,
-    /// until every sender is gone.
-    pub(super) fn run(mut self, rx: mpsc::Receiver<Op>) {
+    /// The figures this writer keeps as it commits.
+    pub(super) fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    /// The thread's loop: fold queued ops into one transaction per commit
+    /// (waiting up to `window` for more when [`Gather`] says it pays), until
+    /// every sender is gone.
+    pub(super) fn run(mut self, rx: mpsc::Receiver<Op>, window: Duration) {
+        let mut gather = Gather::new(window);
         while let Ok(first) = rx.recv() {
+            let started = Instant::now();
+            gather.group_started(started);
             let mut ops = vec![first];
-            while ops.len() < MAX_OPS_PER_COMMIT {
-                match rx.try_recv() {
-                    Ok(op) => ops.push(op),
-                    Err(_) => break,
+            drain(&rx, &mut ops);
+            let waits = gather.should_wait(&ops, Instant::now());
+            if waits {
+                // Sleep rather than wait on the channel: writes that arrive
+                // meanwhile are queued without waking this thread (nor their
+                // senders paying a wake-up each); one drain takes them all.
+                let left = (started + window).saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    std::thread::sleep(left);
                 }
+                drain(&rx, &mut ops);
             }
+            gather.group_taken(&ops, Instant::now());
+            self.counters.add(ops.len(), waits);
             self.commit_group(ops);
         }
     }
@@ -151,6 +207,155 @@ impl Writer {
                 Op::Remove(_) => {}
             }
         }
+    }
+}
+
+/// Move whatever is queued into `ops` (up to the group limit).
+fn drain(rx: &mpsc::Receiver<Op>, ops: &mut Vec<Op>) {
+    while ops.len() < MAX_OPS_PER_COMMIT {
+        match rx.try_recv() {
+            Ok(op) => ops.push(op),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Whether a group should wait for more writes, from what the last groups
+/// showed:
+///
+/// - the arrival rate (writes taken per interval between group starts,
+///   smoothed): waiting pays only if the window brings at least as many
+///   writes again as the group holds;
+/// - how promptly channels append again (the share of appends that come
+///   within a few windows of their channel's previous one, smoothed): a
+///   channel that appends that often is busy, its writer likely waits on
+///   our answers (a client in a closed loop) and a wait would only slow it
+///   down. Waiting pays when the writes come from many quiet channels, each
+///   long after its previous one.
+#[derive(Debug)]
+pub(super) struct Gather {
+    window: Duration,
+    /// Writes per second, smoothed over the last groups.
+    rate: f64,
+    /// Share of a group's appends that came within `PROMPT_WINDOWS` windows
+    /// of their channel's previous append, smoothed over the last groups.
+    prompt: f64,
+    /// When the previous group started, and how many writes it took.
+    previous: Option<(Instant, usize)>,
+    /// When each channel's last append was taken into a group (entries
+    /// older than [`Self::FORGET`] are dropped now and then).
+    taken: HashMap<ChannelUri, Instant>,
+    /// Groups since `answered` was last pruned.
+    since_pruned: u32,
+}
+
+impl Gather {
+    /// Weight of the newest group in the smoothed figures.
+    const WEIGHT: f64 = 0.25;
+    /// Above this share of prompt appends a group never waits.
+    const MOST_PROMPT: f64 = 0.5;
+    /// An append within this many windows of its channel's previous one is
+    /// prompt.
+    const PROMPT_WINDOWS: u32 = 4;
+    /// Appends older than this say nothing about the next one.
+    const FORGET: Duration = Duration::from_secs(1);
+    /// Groups between two prunings of `answered`.
+    const PRUNE_EVERY: u32 = 1024;
+
+    pub(super) fn new(window: Duration) -> Self {
+        Self {
+            window,
+            rate: 0.0,
+            prompt: 0.0,
+            previous: None,
+            taken: HashMap::new(),
+            since_pruned: 0,
+        }
+    }
+
+    /// A group starts at `at` (its first write has arrived): the writes the
+    /// previous group took arrived over the time since it started.
+    pub(super) fn group_started(&mut self, at: Instant) {
+        if let Some((then, taken)) = self.previous {
+            let secs = at.saturating_duration_since(then).as_secs_f64().max(1e-6);
+            let sample = taken as f64 / secs;
+            // After a pause longer than a few windows the old rate says
+            // nothing about the next writes.
+            self.rate = if secs > 4.0 * self.window.as_secs_f64() {
+                sample
+            } else {
+                self.rate + Self::WEIGHT * (sample - self.rate)
+            };
+        }
+        self.previous = Some((at, 0));
+    }
+
+    /// The group that started last took `ops`, at `now`.
+    pub(super) fn group_taken(&mut self, ops: &[Op], now: Instant) {
+        if let Some((_, taken)) = &mut self.previous {
+            *taken = ops.len();
+        }
+        let (appends, prompt) = self.count_prompt(ops, now);
+        if appends > 0 {
+            let share = prompt as f64 / appends as f64;
+            self.prompt += Self::WEIGHT * (share - self.prompt);
+        }
+        for op in ops {
+            match op {
+                Op::Append { channel, .. } => {
+                    self.taken.insert(channel.clone(), now);
+                }
+                // A chat appended to right after its creation is busy too.
+                Op::Create(info, _) => {
+                    self.taken.insert(info.uri.clone(), now);
+                }
+                Op::Remove(channel) => {
+                    self.taken.remove(channel);
+                }
+                _ => {}
+            }
+        }
+        self.since_pruned += 1;
+        if self.since_pruned >= Self::PRUNE_EVERY {
+            self.since_pruned = 0;
+            self.taken
+                .retain(|_, t| now.saturating_duration_since(*t) < Self::FORGET);
+            crate::memory::shrink_map_if_sparse(&mut self.taken);
+        }
+    }
+
+    /// Wait for more when the writes expected within the window at least
+    /// match the `held` ones (the group would at least double) and they
+    /// come from channels that do not wait on this commit: neither lately
+    /// nor in this group are most appends prompt.
+    pub(super) fn should_wait(&self, held: &[Op], now: Instant) -> bool {
+        if self.window.is_zero()
+            || self.prompt >= Self::MOST_PROMPT
+            || self.rate * self.window.as_secs_f64() < held.len() as f64
+        {
+            return false;
+        }
+        let (appends, prompt) = self.count_prompt(held, now);
+        (prompt as f64) < Self::MOST_PROMPT * appends as f64 || appends == 0
+    }
+
+    /// Appends among `ops`, and how many of them are prompt at `now`.
+    fn count_prompt(&self, ops: &[Op], now: Instant) -> (usize, usize) {
+        let within = self.window * Self::PROMPT_WINDOWS;
+        let (mut appends, mut prompt) = (0, 0);
+        for op in ops {
+            if let Op::Append { channel, .. } = op {
+                appends += 1;
+                if self
+                    .taken
+                    .get(channel)
+                    .is_some_and(|t| now.saturating_duration_since(*t) <= within)
+                {
+                    prompt += 1;
+                }
+            }
+        }
+        (appends, prompt)
     }
 }
 
@@ -245,9 +450,6 @@ fn write_batch(
             insert.execute(params![channel, expected.plus(i as u64).get() as i64, &**r])?;
         }
     }
-    let len = expected.plus(batch.records.len() as u64);
-    tx.prepare_cached("UPDATE channels SET len = ?2 WHERE uri = ?1")?
-        .execute(params![channel, len.get() as i64])?;
     if let Some(from) = batch.truncate_turns_from {
         tx.prepare_cached("DELETE FROM turns WHERE chat = ?1 AND idx >= ?2")?
             .execute(params![channel, from as i64])?;
