@@ -96,17 +96,10 @@ impl SqliteJournal {
             .execute_batch("PRAGMA query_only = ON;")
             .map_err(describe)?;
         let lens = Arc::new(DashMap::new());
+        for (uri, len) in recovery::lengths(&reader)
+            .map_err(|e| unavailable(format!("cannot read the store {}: {e}", path.display())))?
         {
-            let mut stmt = reader
-                .prepare(&format!("SELECT uri, {} FROM channels", recovery::LEN_SQL))
-                .map_err(describe)?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
-                .map_err(describe)?;
-            for row in rows {
-                let (uri, len) = row.map_err(describe)?;
-                lens.insert(ChannelUri::from(uri), JournalPos::new(len as u64));
-            }
+            lens.insert(ChannelUri::from(uri), JournalPos::new(len));
         }
         let (tx, rx) = mpsc::channel();
         let writer = Writer::new(writer, lens.clone());
