@@ -29,6 +29,22 @@ fn jemalloc_stats() -> Option<tandem::memory::AllocatorStats> {
     })
 }
 
+/// Return the calling thread's cached blocks to its arena
+/// (`thread.tcache.flush`).
+fn jemalloc_flush_thread() {
+    // SAFETY: a void mallctl takes no old or new value; the name is
+    // NUL-terminated.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"thread.tcache.flush".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+    }
+}
+
 /// Purge every arena's unused pages (`arena.<MALLCTL_ARENAS_ALL>.purge`).
 fn jemalloc_release() {
     // SAFETY: a void mallctl takes no old or new value; the name is
@@ -304,6 +320,7 @@ fn main() {
     tandem::memory::install(tandem::memory::Allocator {
         stats: jemalloc_stats,
         release: jemalloc_release,
+        flush_thread: jemalloc_flush_thread,
     });
     if let Err(e) = serve() {
         eprintln!("tandem: {e:#}");

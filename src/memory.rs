@@ -29,6 +29,9 @@ pub struct Allocator {
     pub stats: fn() -> Option<AllocatorStats>,
     /// Hand every freed page back to the system now.
     pub release: fn(),
+    /// Return the calling thread's cached free blocks to the shared pool
+    /// (a thread that stays idle keeps them otherwise).
+    pub flush_thread: fn(),
 }
 
 static ALLOCATOR: OnceLock<Allocator> = OnceLock::new();
@@ -75,10 +78,15 @@ pub fn stats() -> Option<AllocatorStats> {
     ALLOCATOR.get().and_then(|a| (a.stats)())
 }
 
+/// How long the threads get to flush their caches before the release.
+const FLUSH_GRACE: Duration = Duration::from_millis(20);
+
 /// Memory was freed in bulk (sessions disposed): release it
-/// [`RELEASE_DELAY`] from now, unless a release is already due. Runs on the
-/// calling actix arbiter.
-pub fn release_soon() {
+/// [`RELEASE_DELAY`] from now, unless a release is already due. Each of
+/// `threads` (the arbiters sessions ran on) first hands its cached free
+/// blocks back, then every arena's unused pages go back to the system.
+/// Runs on the calling actix arbiter.
+pub fn release_soon(threads: Vec<actix::dev::ArbiterHandle>) {
     let Some(allocator) = ALLOCATOR.get().copied() else {
         return;
     };
@@ -88,6 +96,11 @@ pub fn release_soon() {
     actix::spawn(async move {
         tokio::time::sleep(RELEASE_DELAY).await;
         RELEASE_PENDING.store(false, Ordering::Release);
+        for t in &threads {
+            t.spawn_fn(allocator.flush_thread);
+        }
+        (allocator.flush_thread)();
+        tokio::time::sleep(FLUSH_GRACE).await;
         (allocator.release)();
     });
 }

@@ -92,6 +92,14 @@ impl Shared {
         self.cluster.as_ref().is_some_and(|c| !c.owns(channel))
     }
 
+    /// Every thread actors run on: the connection-serving threads and the
+    /// actor threads.
+    pub fn all_arbiters(&self) -> Vec<ArbiterHandle> {
+        let mut all = self.homes.arbiters();
+        all.extend(self.arbiters.iter().cloned());
+        all
+    }
+
     /// The arbiter for the next new actor (round robin), so chats run in
     /// parallel across threads.
     pub fn next_arbiter(&self) -> ArbiterHandle {

@@ -43,6 +43,15 @@ impl Homes {
         }
     }
 
+    /// Every connection-serving thread.
+    pub fn arbiters(&self) -> Vec<ArbiterHandle> {
+        self.homes
+            .lock()
+            .iter()
+            .map(|h| h.arbiter.clone())
+            .collect()
+    }
+
     /// The thread a session created from the calling thread runs on.
     pub fn for_new_session(&self) -> ArbiterHandle {
         self.serve_here();

@@ -133,7 +133,7 @@ impl Handler<RemoveSession> for RootActor {
             }
             // The session's chats, states and queues are freed: hand the
             // pages back rather than keep them for reuse.
-            crate::memory::release_soon();
+            crate::memory::release_soon(act.core.shared.all_arbiters());
             Ok(())
         }))
     }
