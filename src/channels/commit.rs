@@ -198,14 +198,33 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
     }
 
     /// Read the channel from the store again and publish what subscribers
-    /// have not seen.
+    /// have not seen. A follower that cannot (the store is away) tries
+    /// again every [`STORE_RETRY`] until it can, rather than wait for the
+    /// owner's next batch, which may never come.
     fn resync(&mut self, ctx: &mut Context<Self>) {
         let core = self.parts().0;
-        core.refused_at = Some(core.journal_len);
+        // Where subscribers' knowledge ends: kept from an earlier attempt
+        // whose catch-up failed.
+        if core.refused_at.is_none() {
+            core.refused_at = Some(core.journal_len);
+        }
+        // Whatever an earlier attempt could not read is read now.
+        core.unreadable = None;
         self.roll_back(ctx);
         let core = self.parts().0;
         if core.unreadable.is_none() {
             core.catch_up();
+        }
+        if core.unreadable.is_some() && core.follower && !core.resync_due {
+            core.resync_due = true;
+            ctx.run_later(STORE_RETRY, |act, ctx| {
+                let core = act.parts().0;
+                core.resync_due = false;
+                if core.unreadable.is_some() && core.follower {
+                    tracing::info!(channel = %core.uri, "reading the followed channel again");
+                    act.resync(ctx);
+                }
+            });
         }
     }
 

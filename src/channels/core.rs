@@ -79,6 +79,9 @@ pub struct ChannelCore {
     /// what it appends ([`super::commit::ChannelActor::replicated`]) and
     /// forwards its clients' actions to it.
     pub follower: bool,
+    /// A follower that could not read the channel again has a retry due
+    /// ([`super::commit::ChannelActor::resync`]).
+    pub resync_due: bool,
     /// Dispatchers on this node whose actions were forwarded to the owner,
     /// by origin: each gets its echo when the action comes back, even if
     /// not subscribed (as a dispatcher does from an owner).
@@ -96,6 +99,7 @@ impl ChannelCore {
         let follower = shared.follows(&uri);
         Self {
             follower,
+            resync_due: false,
             forwarded: std::collections::HashMap::new(),
             uri,
             hub,
@@ -291,11 +295,13 @@ impl ChannelCore {
         if (tail.len() as u64) < n {
             tracing::error!(channel = %self.uri, stored = %stored, known = %known, "stored actions beyond the snapshot are missing; channel not served");
             self.unreadable = Some("the store holds actions its tail does not".into());
+            self.refused_at = Some(known);
             return;
         }
         if let Err(e) = self.shared.publisher.claim(n) {
             tracing::error!(channel = %self.uri, error = %e, "no serverSeq for the stored actions; channel not served");
             self.unreadable = Some(e.to_string());
+            self.refused_at = Some(known);
             return;
         }
         tracing::warn!(channel = %self.uri, actions = n, "the store holds actions subscribers were not sent (a refused write stored after all, or batches a follower missed): published now");

@@ -1,14 +1,16 @@
 //! A follower copy of a channel (a cluster node that does not own it): it
 //! applies the owner's batches once each and in order, reads the store
-//! again after a gap, and hands its clients' actions to the owner, whose
-//! rejection reaches the client.
+//! again after a gap (and again until it can), and hands its clients'
+//! actions to the owner, whose rejection reaches the client.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ahp_types::actions::{ActionOrigin, StateAction};
 use parking_lot::Mutex;
 
+use super::commit::STORE_RETRY;
 use super::forward::{ForwardReply, ForwardRequest};
 use super::recovery::Restore;
 use super::registry::ChannelAddr;
@@ -201,4 +203,35 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
     );
     let state = copy.send(GetSessionState).await.expect("runs");
     assert_eq!(state.title, "three", "nothing applied locally");
+
+    // A gap found while the store cannot be read (NATS away): the follower
+    // reads again on its own once it can, though no batch comes after.
+    write("four", 4);
+    write("five", 5);
+    journal
+        .wait_event("the fifth title", |e| e.contains("\"five\""))
+        .await;
+    let fifth = batch(&journal, uri, start + 4, start + 5);
+    journal.unreadable.store(true, Ordering::SeqCst);
+    copy.do_send(Replicate(fifth));
+    let state = copy.send(GetSessionState).await.expect("runs");
+    assert_eq!(state.title, "three", "behind while the store is away");
+    journal.unreadable.store(false, Ordering::SeqCst);
+    let deadline = tokio::time::Instant::now() + STORE_RETRY * 3;
+    let mut frames = title_frames(&watcher);
+    assert!(frames.is_empty(), "{frames:?}");
+    while frames.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follower never read the channel again: {frames:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        frames.extend(title_frames(&watcher));
+    }
+    assert!(
+        frames[0].contains("\"four\"") && frames[1].contains("\"five\""),
+        "{frames:?}"
+    );
+    let state = copy.send(GetSessionState).await.expect("runs");
+    assert_eq!(state.title, "five");
 }

@@ -41,6 +41,9 @@ pub struct TestJournal {
     pub fail_appends: AtomicBool,
     /// `writable` says no (a cluster node cut off from NATS).
     pub unwritable: AtomicBool,
+    /// `load_channel` fails with `Unavailable` (NATS away while a follower
+    /// reads a channel again).
+    pub unreadable: AtomicBool,
 }
 
 impl Default for TestJournal {
@@ -52,6 +55,7 @@ impl Default for TestJournal {
             sync_open: (parking_lot::Mutex::new(true), parking_lot::Condvar::new()),
             fail_appends: AtomicBool::new(false),
             unwritable: AtomicBool::new(false),
+            unreadable: AtomicBool::new(false),
         }
     }
 }
@@ -174,6 +178,9 @@ impl Journal for TestJournal {
     }
 
     fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
+        if self.unreadable.load(Ordering::SeqCst) {
+            return Err(JournalError::Unavailable("the test made reads fail".into()));
+        }
         self.inner.load_channel(uri)
     }
 }
