@@ -154,7 +154,8 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
 
     /// A batch some node appended, read back from the shared journal. A
     /// follower reduces and publishes the records it does not have yet (a
-    /// gap means it missed some: it reads the channel again); an owner
+    /// gap means it missed some: it reads the channel again; while a read
+    /// is due, batches wait in the store for it); an owner
     /// ignores its own batches, and another node's means this node lost
     /// the channel.
     fn replicated(&mut self, ctx: &mut Context<Self>, r: Replicated) {
@@ -170,6 +171,15 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             }
             tracing::warn!(channel = %core.uri, writer = %r.writer, "another node wrote this channel: following it from now on");
             return self.demote(ctx);
+        }
+        if core.unreadable.is_some() {
+            // A catch-up from the store is due: it reads this batch with
+            // the ones missed before it, in order. Applying it now would
+            // publish it ahead of them.
+            if !core.resync_due {
+                self.resync(ctx);
+            }
+            return;
         }
         if r.pos > core.journal_len {
             tracing::warn!(channel = %core.uri, have = %core.journal_len, got = %r.pos, "replicated batches missed: reading the channel again");

@@ -213,6 +213,8 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
         .await;
     let fifth = batch(&journal, uri, start + 4, start + 5);
     journal.unreadable.store(true, Ordering::SeqCst);
+    copy.do_send(Replicate(fifth.clone()));
+    // While its read is due the follower leaves batches to it.
     copy.do_send(Replicate(fifth));
     let state = copy.send(GetSessionState).await.expect("runs");
     assert_eq!(state.title, "three", "behind while the store is away");
