@@ -211,23 +211,19 @@ pub(super) fn recover(conn: &Connection) -> Result<Recovered, JournalError> {
         },
     )?;
     let mut tails: HashMap<String, Vec<Record>> = HashMap::new();
-    // Past the last stored action, per channel (for its length).
-    let mut ends: HashMap<String, u64> = HashMap::new();
     for_each_row(
         conn,
         "SELECT channel, seq, action FROM actions ORDER BY channel, seq",
         text_int_text,
         |(c, seq, action)| {
-            let seq = seq.max(0) as u64;
-            let end = ends.entry(c.clone()).or_default();
-            *end = (*end).max(seq + 1);
             let from = snapshots.get(&c).map_or(0, |s| s.at_seq.get());
-            if seq >= from {
+            if seq as u64 >= from {
                 tails.entry(c).or_default().push(action.into());
             }
             Ok(())
         },
     )?;
+    let lens = lengths(conn)?;
     let mut turn_counts: HashMap<String, u64> = HashMap::new();
     for_each_row(
         conn,
@@ -248,15 +244,7 @@ pub(super) fn recover(conn: &Connection) -> Result<Recovered, JournalError> {
         read_channel,
         |(info, row_len)| {
             let uri: &str = &info.uri;
-            // As `LEN_SQL` computes it, from what was read above.
-            let len = [
-                row_len.get(),
-                ends.get(uri).copied().unwrap_or(0),
-                snapshots.get(uri).map_or(0, |s| s.at_seq.get()),
-            ]
-            .into_iter()
-            .max()
-            .map_or(row_len, JournalPos::new);
+            let len = lens.get(uri).map_or(row_len, |l| JournalPos::new(*l));
             channels.push(RecoveredChannel {
                 snapshot: snapshots.remove(uri),
                 tail: tails.remove(uri).unwrap_or_default(),

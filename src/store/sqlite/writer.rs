@@ -6,8 +6,10 @@
 //! hold one or two writes and every one would pay an `fsync` and rewrite its
 //! pages. So a group may wait up to the commit window for more
 //! ([`Gather`]) — but only when the recent arrival rate says the wait will
-//! at least double it: a lone write on a quiet server, and a writer that is
-//! already behind (its queue holds a big group), commit at once.
+//! at least double it and the writes come from channels that did not write
+//! a moment before: a lone write on a quiet server, a writer that is
+//! already behind (its queue holds a big group), a busy chat and a client
+//! waiting on each answer commit at once.
 //!
 //! Inside a group, a fenced append (wrong `expected_seq`) fails alone and
 //! writes nothing. Any SQLite error — one bad write, or the commit itself —
@@ -245,7 +247,7 @@ pub(super) struct Gather {
     /// When each channel's last append was taken into a group (entries
     /// older than [`Self::FORGET`] are dropped now and then).
     taken: HashMap<ChannelUri, Instant>,
-    /// Groups since `answered` was last pruned.
+    /// Groups since `taken` was last pruned.
     since_pruned: u32,
 }
 
@@ -259,7 +261,7 @@ impl Gather {
     const PROMPT_WINDOWS: u32 = 4;
     /// Appends older than this say nothing about the next one.
     const FORGET: Duration = Duration::from_secs(1);
-    /// Groups between two prunings of `answered`.
+    /// Groups between two prunings of `taken`.
     const PRUNE_EVERY: u32 = 1024;
 
     pub(super) fn new(window: Duration) -> Self {
@@ -294,6 +296,10 @@ impl Gather {
     pub(super) fn group_taken(&mut self, ops: &[Op], now: Instant) {
         if let Some((_, taken)) = &mut self.previous {
             *taken = ops.len();
+        }
+        if self.window.is_zero() {
+            // Never waits: nothing to learn about the channels.
+            return;
         }
         let (appends, prompt) = self.count_prompt(ops, now);
         if appends > 0 {
