@@ -3,7 +3,7 @@
 //! [`AgentDirectory`]; channels never name a provider.
 //!
 //! A turn reaches an agent as an [`AgentTurn`], whose
-//! [`ChatHandle`](super::chat::ChatHandle) is the agent's only way back into
+//! [`ChatHandle`] is the agent's only way back into
 //! the chat: stream actions, open interactions, await settlements.
 
 use std::sync::Arc;

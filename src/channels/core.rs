@@ -253,7 +253,7 @@ impl ChannelCore {
     }
 
     /// Publish an action that is not journaled (root's derived state); see
-    /// [`Publisher::publish_unjournaled`]. `None`, and nothing published, if
+    /// [`Publisher::publish_unjournaled`](crate::publish::Publisher::publish_unjournaled). `None`, and nothing published, if
     /// the store refused to reserve its `serverSeq`.
     pub fn publish_unjournaled(&self, json: &str, unscoped_only: bool) -> Option<ServerSeq> {
         let seq =

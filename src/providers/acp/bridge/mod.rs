@@ -3,48 +3,32 @@
 //! its questions to people and sends back exactly one answer each, and ends
 //! turns when the process exits or hangs.
 
+mod asking;
+mod sessions;
+
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use agent_client_protocol::v1::schema::{
-    RequestPermissionRequest, RequestPermissionResponse, StopReason,
-};
-use agent_client_protocol::v1::Responder;
+use agent_client_protocol::v1::schema::StopReason;
 use ahp_types::actions::{ChatTurnCompleteAction, StateAction};
 use dashmap::DashMap;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
-use super::choices::{self, Choices, SetCall};
+use self::asking::Answered;
+use super::choices::Choices;
 use super::conn::{Event, Process};
 use super::map::{self, json_of, TurnMap};
-use super::{elicit, permission, Cmd};
+use super::Cmd;
 use crate::channels::agent::{AgentTurn, ChatHandle};
 use crate::channels::chat::chat_error;
 use crate::config::AgentSpec;
-use crate::interactions::Settlement;
 use crate::time::millis_since;
 
 /// The note (session `_meta`, `tandem/agent` → chat → this key) that names
 /// the chat's ACP session: `{"id": …}`.
 pub const ACP_SESSION_NOTE: &str = "acpSession";
-
-/// A question of the agent's was settled (or a permission request decided).
-enum Answered {
-    Permission(Box<Decided>),
-    Elicitation { acp_session: String },
-}
-
-/// A permission request answered by a person (or the session's policy).
-struct Decided {
-    acp_session: String,
-    tool_call_id: String,
-    settlement: Settlement,
-    request: Box<RequestPermissionRequest>,
-    responder: Responder<RequestPermissionResponse>,
-}
 
 /// A turn the agent is working on.
 struct Turn {
@@ -195,124 +179,6 @@ impl Bridge {
         }
     }
 
-    /// The directory the agent's sessions work in.
-    fn cwd(&self) -> PathBuf {
-        match &self.spec.cwd {
-            Some(cwd) => cwd.clone(),
-            None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
-        }
-    }
-
-    /// The chat's ACP session: the one it has in the running process; or,
-    /// after a restart (of Tandem or of the agent), the one it had, loaded
-    /// again where the agent supports `session/load`; or the one opened at
-    /// `createSession`; or a new one. A new mapping is noted in the
-    /// session's `_meta`, so it survives a restart.
-    async fn session_for(&mut self, chat: &str, handle: &ChatHandle) -> Result<String, String> {
-        if self.process.is_some() {
-            if let Some(acp) = self.chats.get(chat) {
-                return Ok(acp.clone());
-            }
-        }
-        let process = self.process().await?;
-        let known = handle
-            .recall(ACP_SESSION_NOTE)
-            .await
-            .and_then(|v| v.get("id")?.as_str().map(str::to_owned));
-        if let Some(id) = known.filter(|_| process.load_session) {
-            match self.load(&process, &id).await {
-                Ok(()) => {
-                    tracing::info!(session = %self.session, chat, acp_session = %id, "chat reattached to its ACP session");
-                    return Ok(id);
-                }
-                Err(e) => {
-                    tracing::warn!(session = %self.session, chat, acp_session = %id, error = %e, "cannot reattach the chat's ACP session; opening a new one");
-                }
-            }
-        }
-        let acp = match self.spare.take().filter(|_| self.process.is_some()) {
-            Some(spare) => spare,
-            None => self.open().await?,
-        };
-        handle.note(ACP_SESSION_NOTE.to_owned(), json!({ "id": acp }));
-        Ok(acp)
-    }
-
-    /// Load the ACP session `acp` again and wait for the answer. The
-    /// agent's replay of its history comes first; it is already in the
-    /// chat, so it is skipped. Everything else is handled as usual.
-    async fn load(&mut self, process: &Arc<Process>, acp: &str) -> Result<(), String> {
-        process.load(acp, self.cwd())?;
-        let timeout = self.spec.start_timeout();
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut replayed = 0usize;
-        loop {
-            let Some(events) = self.events.as_mut() else {
-                return Err("the agent process is gone".into());
-            };
-            let ev = match tokio::time::timeout_at(deadline, events.recv()).await {
-                Err(_) => {
-                    return Err(format!(
-                        "no answer to `session/load` within {} s",
-                        timeout.as_secs()
-                    ))
-                }
-                Ok(None) => {
-                    self.events = None;
-                    return Err("the agent process is gone".into());
-                }
-                Ok(Some(ev)) => ev,
-            };
-            self.last_heard = Instant::now();
-            match ev {
-                Event::Loaded { session, result } if session == acp => {
-                    tracing::debug!(acp_session = %acp, replayed, "session/load answered");
-                    let choices = result.map_err(|e| format!("`session/load` failed: {e}"))?;
-                    self.offers(acp, choices);
-                    return Ok(());
-                }
-                Event::Update(n) if n.session_id.to_string() == acp => replayed += 1,
-                ev => self.event(ev).await,
-            }
-        }
-    }
-
-    /// A running process (started if needed) and a new ACP session in it.
-    async fn open(&mut self) -> Result<String, String> {
-        let process = self.process().await?;
-        let cwd = self.cwd();
-        let timeout = self.spec.start_timeout();
-        match tokio::time::timeout(timeout, process.new_session(cwd)).await {
-            Ok(Ok((id, choices))) => {
-                self.offers(&id, choices);
-                Ok(id)
-            }
-            Ok(Err(e)) if e.contains("-32601") || e.to_lowercase().contains("method not found") => {
-                Err(format!(
-                    "the agent does not support `session/new` ({e}), so it cannot hold a session"
-                ))
-            }
-            Ok(Err(e)) => Err(format!("`session/new` failed: {e}")),
-            Err(_) => Err(format!(
-                "no answer to `session/new` within {} s",
-                timeout.as_secs()
-            )),
-        }
-    }
-
-    async fn process(&mut self) -> Result<Arc<Process>, String> {
-        if let Some(p) = &self.process {
-            return Ok(p.clone());
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let p = Process::start(&self.spec, tx).await?;
-        tracing::info!(agent = %self.spec.name, session = %self.session, pid = ?p.pid, "agent process started");
-        self.process = Some(p.clone());
-        self.events = Some(rx);
-        self.stopped_because = None;
-        Ok(p)
-    }
-
     async fn start_turn(&mut self, turn: AgentTurn) {
         let chat = turn.handle.chat.to_string();
         let handle = turn.handle;
@@ -413,66 +279,6 @@ impl Bridge {
         }
     }
 
-    /// What ACP session `acp` offers now.
-    fn offers(&mut self, acp: &str, choices: Choices) {
-        self.choices.insert(self.session.clone(), choices.clone());
-        self.offered.insert(acp.to_owned(), choices);
-    }
-
-    /// Bring the agent's mode and model to what the session's config says
-    /// (people set them with `session/configChanged`). What the agent does
-    /// not offer or refuses is noted in the session's `_meta`
-    /// (`agentModeError` / `agentModelError`) and the turn goes on.
-    async fn apply_config(&mut self, acp: &str, process: &Process, handle: &ChatHandle) {
-        let Some(values) = handle.session_config().await else {
-            return;
-        };
-        for prop in [choices::MODE, choices::MODEL] {
-            let Some(want) = values.get(prop).and_then(|v| v.as_str()) else {
-                continue;
-            };
-            let Some(offered) = self.offered.get(acp) else {
-                return;
-            };
-            if offered.current(prop).as_deref() == Some(want) {
-                continue;
-            }
-            let outcome = match offered.set_call(prop, want) {
-                Err(e) => Err(e),
-                Ok(call) => {
-                    let timeout = self.spec.start_timeout();
-                    match tokio::time::timeout(timeout, process.set(acp, call.clone())).await {
-                        Ok(Ok(options)) => Ok((call, options)),
-                        Ok(Err(e)) => Err(format!("the agent refused `{want}`: {e}")),
-                        Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
-                    }
-                }
-            };
-            let key = format!("{prop}Error");
-            match outcome {
-                Ok((call, options)) => {
-                    if let Some(offered) = self.offered.get_mut(acp) {
-                        match (call, options) {
-                            (_, Some(options)) => offered.set_options(options),
-                            (SetCall::Mode(mode), None) => offered.set_mode(&mode),
-                            (SetCall::Option(..), None) => {}
-                        }
-                        self.choices.insert(self.session.clone(), offered.clone());
-                    }
-                    if self.refused.remove(&(acp.to_owned(), prop)) {
-                        handle.note(key, Value::Null);
-                    }
-                    tracing::debug!(acp_session = %acp, prop, want, "agent setting applied");
-                }
-                Err(e) => {
-                    tracing::warn!(session = %self.session, prop, want, error = %e, "agent setting not applied");
-                    self.refused.insert((acp.to_owned(), prop));
-                    handle.note(key, Value::from(e));
-                }
-            }
-        }
-    }
-
     fn chat_of(&self, acp: &str) -> Option<String> {
         self.chats
             .iter()
@@ -498,88 +304,6 @@ impl Bridge {
                     .or_default()
                     .insert(note.key, note.value);
             }
-        }
-    }
-
-    async fn permission(
-        &mut self,
-        request: Box<RequestPermissionRequest>,
-        responder: Responder<RequestPermissionResponse>,
-    ) {
-        let acp = request.session_id.to_string();
-        let Some(turn) = self.turns.get_mut(&acp) else {
-            let _ = responder.respond(permission::cancelled());
-            return;
-        };
-        let shown = turn.map.asking(&request.tool_call);
-        emit_all(&turn.handle, shown).await;
-        turn.asking += 1;
-        let interaction = permission::interaction(&request);
-        let handle = turn.handle.clone();
-        let decided = self.decided_tx.clone();
-        let tool_call_id = request.tool_call.tool_call_id.to_string();
-        tokio::spawn(async move {
-            let settlement = handle.interact(interaction).await;
-            let _ = decided.send(Answered::Permission(Box::new(Decided {
-                acp_session: acp,
-                tool_call_id,
-                settlement,
-                request,
-                responder,
-            })));
-        });
-    }
-
-    /// A form or URL question: asked like any other, the settled answer
-    /// goes back.
-    fn elicitation(
-        &mut self,
-        request: Box<agent_client_protocol::v1::schema::CreateElicitationRequest>,
-        responder: Responder<agent_client_protocol::v1::schema::CreateElicitationResponse>,
-    ) {
-        // Scoped to a session, or to the one prompt that is running.
-        let acp = elicit::session_of(&request).or_else(|| {
-            (self.turns.len() == 1)
-                .then(|| self.turns.keys().next().cloned())
-                .flatten()
-        });
-        let (Some(acp), Ok(interaction)) = (acp, elicit::interaction(&request)) else {
-            let _ = responder.respond(elicit::cancelled());
-            return;
-        };
-        let Some(turn) = self.turns.get_mut(&acp) else {
-            let _ = responder.respond(elicit::cancelled());
-            return;
-        };
-        turn.asking += 1;
-        let handle = turn.handle.clone();
-        let done = self.decided_tx.clone();
-        tokio::spawn(async move {
-            let settlement = handle.interact(interaction).await;
-            if let Err(e) = responder.respond(elicit::answer(&settlement)) {
-                tracing::debug!(error = %e, "elicitation answer not delivered");
-            }
-            let _ = done.send(Answered::Elicitation { acp_session: acp });
-        });
-    }
-
-    fn asked_done(&mut self, acp: &str) {
-        if let Some(turn) = self.turns.get_mut(acp) {
-            turn.asking = turn.asking.saturating_sub(1);
-        }
-        self.last_heard = Instant::now();
-    }
-
-    async fn decided(&mut self, d: Decided) {
-        let answer = permission::answer(&d.request, &d.settlement);
-        if let Some(turn) = self.turns.get_mut(&d.acp_session) {
-            turn.asking = turn.asking.saturating_sub(1);
-            turn.map
-                .decided(&d.tool_call_id, permission::approved(&d.settlement));
-        }
-        self.last_heard = Instant::now();
-        if let Err(e) = d.responder.respond(answer) {
-            tracing::debug!(session = %self.session, error = %e, "permission answer not delivered");
         }
     }
 

@@ -32,7 +32,7 @@
 //!   that deadline ([`Take::Paced`]), an urgent one wakes the socket at once.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
@@ -43,105 +43,15 @@ use parking_lot::Mutex;
 
 use crate::ids::{ConnId, ServerSeq};
 
-/// Why a connection's socket must close.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CloseCause {
-    /// The client read too slowly and its queue passed the byte limit.
-    Overflow,
-    /// A policy violation that leaves no id to answer (an idle client).
-    Protocol(String),
-    /// A frame or message over the size limit.
-    TooLarge(String),
-    /// A malformed WebSocket frame.
-    Malformed(String),
-    /// A text message that is not UTF-8.
-    InvalidText(String),
-    /// The connection ended on the server's side.
-    Normal,
-    /// The client sent a close frame with this code (echoed back).
-    ClientClosed(Option<u16>),
-    /// The server is going away.
-    Shutdown,
-    /// The connection's token expired while it was open.
-    TokenExpired,
-}
+mod frame;
+mod liveness;
+mod wire;
 
-/// One queued frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Frame {
-    /// A text frame (JSON-RPC).
-    Text {
-        /// The text to write.
-        data: ByteString,
-        /// A reply counted in the replies' budget rather than the pushed
-        /// frames'.
-        reply: bool,
-    },
-    /// A ping (heartbeat).
-    Ping,
-    /// A pong answering the client's ping with its payload.
-    Pong(Bytes),
-}
-
-impl Frame {
-    /// A pushed text frame (counted in the pushed frames' budget).
-    fn text(data: ByteString) -> Self {
-        Frame::Text { data, reply: false }
-    }
-}
-
-/// What the socket side took from the queue: frames to write in order, then,
-/// if set, the close to send.
-#[derive(Debug, Default)]
-pub struct Taken {
-    /// Bytes already encoded that a direct write left unsent: they go
-    /// first.
-    pub head: Bytes,
-    /// Frames to write, in order.
-    pub frames: VecDeque<Frame>,
-    /// Close the socket for this cause after the frames.
-    pub close: Option<CloseCause>,
-    /// More frames are queued than one take carries: take again as soon as
-    /// the socket has room (no pacing for a backlog).
-    pub more: bool,
-}
-
-/// The outcome of [`Outbound::poll_take`].
-#[derive(Debug)]
-pub enum Take {
-    /// Everything queued, to write now.
-    Ready(Taken),
-    /// Nothing queued: woken on the next push (the next urgent one when
-    /// pacing).
-    Empty,
-    /// Frames are queued but none is urgent, and the caller is pacing its
-    /// writes: they wait for its deadline, and it is woken only for an
-    /// urgent frame (the caller keeps its own timer).
-    Paced,
-}
-
-/// What a pushed frame is, which says how it is counted and whether it
-/// waits for the socket side's pacing deadline.
-pub enum Push<'a> {
-    /// Another connection's action envelope carrying `serverSeq` `seq`:
-    /// counted, paced.
-    Envelope(ServerSeq, ByteString),
-    /// The envelope of this connection's own action, carrying `seq`: the
-    /// client waits for it, so it is urgent.
-    Echo(ServerSeq, ByteString),
-    /// A notification to every subscriber: counted, paced.
-    Notification(ByteString),
-    /// A frame the client is waiting for (the response to one of its
-    /// requests, a notification addressed to it alone), in order with the
-    /// frames pushed before it: counted, urgent.
-    Response(ByteString),
-    /// A response built from the last `serverSeq` pushed here (rejection
-    /// echoes carry it), atomically with reading it: counted, urgent.
-    AfterLastSeq(&'a dyn Fn(ServerSeq) -> ByteString),
-    /// A pong answering the client's ping with its payload: counted (a
-    /// client that pings and never reads is evicted like any other), urgent.
-    Pong(Bytes),
-}
+pub(crate) use frame::frame_len;
+use frame::{counted_len, reply_len};
+pub use frame::{CloseCause, Frame, Push, Take, Taken};
+pub use liveness::{now_ms, Beat};
+pub use wire::{encode_frames, encoded_len, Wire};
 
 struct State {
     frames: VecDeque<Frame>,
@@ -209,29 +119,6 @@ pub struct Outbound {
     on_abandon: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
-/// Milliseconds since the Unix epoch (activity stamps).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// What the heartbeat found on a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Beat {
-    /// A ping was queued.
-    Pinged,
-    /// The client sent nothing for longer than the idle timeout: closing.
-    Idle,
-    /// Already closing.
-    Closing,
-    /// Closing, and for `abandon_beats` heartbeats in a row the socket took
-    /// nothing (its peer neither reads nor goes away): the connection is let
-    /// go ([`Outbound::set_on_abandon`]).
-    Abandoned,
-}
-
 impl Outbound {
     /// A fresh queue allowing `limit_bytes` of unsent frames.
     pub fn new(limit_bytes: usize) -> Self {
@@ -292,11 +179,6 @@ impl Outbound {
     /// Whether the connection has been told to close.
     pub fn is_closing(&self) -> bool {
         self.state.lock().close.is_some()
-    }
-
-    /// The client sent a frame just now.
-    pub fn received(&self) {
-        self.last_rx_ms.store(now_ms(), Ordering::Relaxed);
     }
 
     /// Push a frame of the given class (see [`Push`]). Pushed frames count
@@ -450,11 +332,6 @@ impl Outbound {
         wake(waker);
     }
 
-    /// What to do when the connection is abandoned (see [`Beat::Abandoned`]).
-    pub fn set_on_abandon(&self, f: impl Fn() + Send + Sync + 'static) {
-        let _ = self.on_abandon.set(Box::new(f));
-    }
-
     /// Ask the socket side to close the connection (after the frames queued
     /// so far, unless the cause is an overflow).
     pub fn close(&self, cause: CloseCause) {
@@ -545,56 +422,6 @@ impl Outbound {
         st.unsent = Bytes::new();
     }
 
-    /// The heartbeat, once per interval: close a connection whose client sent
-    /// nothing for `idle_timeout_ms`, let go of a closing one whose socket
-    /// took nothing for `abandon_beats` intervals, otherwise queue a ping
-    /// ahead of everything else.
-    ///
-    /// A peer that stopped reading is not judged here: a slow reader draining
-    /// a large reply takes nothing for a long while and is still healthy.
-    /// The byte limit evicts a reader that falls too far behind, and the
-    /// kernel drops one that acknowledges nothing (`TCP_USER_TIMEOUT`).
-    pub fn beat(&self, idle_timeout_ms: u64, abandon_beats: u32) -> Beat {
-        let idle_ms = now_ms().saturating_sub(self.last_rx_ms.load(Ordering::Relaxed));
-        let (beat, waker) = {
-            let mut st = self.state.lock();
-            let progressed = st.takes != st.seen_takes;
-            st.seen_takes = st.takes;
-            if st.close.is_some() {
-                // Only a close the socket makes no progress towards counts:
-                // a peer still draining what came before it is alive.
-                st.stalled_beats = if progressed { 0 } else { st.stalled_beats + 1 };
-                if st.stalled_beats != abandon_beats.max(1) {
-                    return Beat::Closing;
-                }
-                drop(st);
-                if let Some(abandon) = self.on_abandon.get() {
-                    abandon();
-                }
-                return Beat::Abandoned;
-            }
-            if idle_ms > idle_timeout_ms {
-                st.close = Some(CloseCause::Protocol(format!(
-                    "idle for {idle_ms} ms without any frame"
-                )));
-                (Beat::Idle, st.waker.take())
-            } else if matches!(st.frames.front(), Some(Frame::Ping)) {
-                // The last ping has not gone out yet: one is enough.
-                (Beat::Pinged, None)
-            } else {
-                // Control frames may go between messages: the ping goes
-                // ahead of any backlog, so a client draining a large reply
-                // still sees it and answers before the idle timeout. It
-                // rides with the next paced write (a burst of a ping per
-                // connection at once would cost a write each).
-                st.frames.push_front(Frame::Ping);
-                (Beat::Pinged, st.waker_for_new_frames())
-            }
-        };
-        wake(waker);
-        beat
-    }
-
     /// Queued bytes (for metrics and tests).
     pub fn queued_bytes(&self) -> usize {
         let st = self.state.lock();
@@ -650,38 +477,11 @@ fn take_frames(st: &mut State) -> VecDeque<Frame> {
     frames
 }
 
-pub(crate) fn frame_len(f: &Frame) -> usize {
-    match f {
-        Frame::Text { data, .. } => data.len(),
-        Frame::Ping => 0,
-        Frame::Pong(p) => p.len(),
-    }
-}
-
-/// Bytes of `f` in the pushed frames' budget.
-fn counted_len(f: &Frame) -> usize {
-    match f {
-        Frame::Text { reply: true, .. } => 0,
-        f => frame_len(f),
-    }
-}
-
-/// Bytes of `f` in the replies' budget.
-fn reply_len(f: &Frame) -> usize {
-    match f {
-        Frame::Text { data, reply: true } => data.len(),
-        _ => 0,
-    }
-}
-
 fn wake(waker: Option<Waker>) {
     if let Some(w) = waker {
         w.wake();
     }
 }
-
-mod wire;
-pub use wire::{encode_frames, encoded_len, Wire};
 
 #[cfg(test)]
 mod tests;
