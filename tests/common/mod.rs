@@ -591,11 +591,39 @@ pub fn rss_kib(pid: u32) -> u64 {
     kib
 }
 
-/// A fresh directory under the system temp dir.
-pub fn temp_dir(tag: &str) -> std::path::PathBuf {
+/// A fresh directory under the system temp dir, removed when the test is
+/// done with it; kept (and named on stderr) when the test fails, for its
+/// logs and stores.
+pub fn temp_dir(tag: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("tandem-{tag}-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    Scratch(d)
+}
+
+/// A test's scratch directory (see [`temp_dir`]).
+pub struct Scratch(std::path::PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::PathBuf;
+    fn deref(&self) -> &std::path::PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for Scratch {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept {} for inspection", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// The example binary, next to the `tandem` binary

@@ -50,7 +50,7 @@ pub struct NatsServer {
     child: Option<Child>,
     /// Its client port.
     pub port: u16,
-    dir: PathBuf,
+    dir: super::Scratch,
 }
 
 impl NatsServer {

@@ -22,7 +22,7 @@ struct RawAgent {
     next_id: i64,
     log: PathBuf,
     /// The directory given as `cwd` to `session/new`.
-    dir: PathBuf,
+    dir: common::Scratch,
 }
 
 impl RawAgent {

@@ -211,6 +211,7 @@ mod tests {
         std::os::unix::fs::symlink(d.join("secret.txt"), d.join("root/link")).expect("link");
         let e = a.resolve_read(&d.join("root/link")).expect_err("link out");
         assert!(message(&e).contains("outside"), "{}", message(&e));
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
@@ -233,6 +234,7 @@ mod tests {
             .resolve_write(&d.join("root/nodir/x.txt"))
             .expect_err("no dir");
         assert!(message(&e).contains("No such file"), "{}", message(&e));
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
@@ -244,6 +246,7 @@ mod tests {
         assert!(message(&e).contains("not granted"), "{}", message(&e));
         let e = a.resolve_write(&d.join("root/x")).expect_err("write");
         assert!(message(&e).contains("not granted"), "{}", message(&e));
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
