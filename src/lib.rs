@@ -9,6 +9,7 @@
 //! | [`channels`] | root, session and chat actors; their one commit path (`channels::commit`); the application context (`channels::context`); the registry and the calls a connection makes on a channel (`channels::addr`); validation rules; session roll-up; the agent API a chat calls (`channels::agent`); on a cluster node, following another node's channels and forwarding to it (`channels::commit`, `channels::forward`) |
 //! | [`publish`] | `serverSeq` (reserved in blocks before use), ordered fan-out, replay ring, byte-bounded outbound queues |
 //! | [`store`] | the `Journal` trait between actors and storage; SQLite (schema, group-commit writer, recovery), NATS JetStream (`--cluster`: stream, buckets, leases and fencing, the link to the other nodes) and in-memory journals; the cluster seam (`store::cluster`) |
+//! | [`coedit`] | several people typing in one text at once: operations (retain / insert / delete), their transformation, the authority's copy of a text and an editor's |
 //! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements; form and link rules; the approval policy as pure functions (`interactions::policy`) |
 //! | [`providers`] | agents behind the host (implementing `channels::agent`): provider connections, the built-in `scripted` agent, operator-declared ACP agents (`providers::acp`: the process, the update mapping, permissions) |
 //! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, the socket's reader and writer, `/healthz`, the embedded browser client (`web/`) at `/`; the transport's own tables (tokens, open connections, rate buckets); a cluster node's part in the cluster (`server::cluster`) |
@@ -28,7 +29,7 @@
 //! providers ──► channels, interactions, publish, store, protocol, auth, config, time
 //! channels  ──► interactions, publish, store, protocol, auth, config, time
 //! rate      ──► config ──► store
-//! interactions, publish, store, protocol, auth, time: nothing above them
+//! interactions, publish, store, protocol, auth, time, coedit: nothing above them
 //! ids: nothing (the bottom layer)
 //! ```
 //!
@@ -44,6 +45,7 @@
 
 pub mod auth;
 pub mod channels;
+pub mod coedit;
 pub mod config;
 pub mod ids;
 pub mod interactions;

@@ -15,7 +15,10 @@
 //! Every receiver checks, per publisher, that each counter arrives exactly
 //! once and in order, and that `serverSeq` strictly increases on its
 //! connection. Each action has a slot counting its receivers; the receiver
-//! that completes the count records the latency to the *last* receiver.
+//! that completes the count records the latency to the *last* receiver, the
+//! one that starts it the latency to the *first* (the server's time to its
+//! first write, which splits a median into time before the fan-out and the
+//! fan-out's spread).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -144,6 +147,8 @@ pub struct Run {
     pub all: ShardedHist,
     /// Publish → the last subscriber of each action.
     pub last: ShardedHist,
+    /// Publish → the first subscriber of each action.
+    pub first: ShardedHist,
     /// Publish → the publisher's own echo.
     pub echo: ShardedHist,
     /// Publish → each subscriber, by the subscriber's group (e.g. the
@@ -176,6 +181,7 @@ impl Run {
             deliveries: ShardedCounter::new(64),
             all: ShardedHist::new(16),
             last: ShardedHist::new(16),
+            first: ShardedHist::new(16),
             echo: ShardedHist::new(16),
             groups: (0..groups).map(|_| ShardedHist::new(16)).collect(),
             record_from_ns: AtomicU64::new(0),
@@ -310,6 +316,7 @@ pub struct Receiver {
     pub reorders: u64,
     samples: Vec<u64>,
     last_samples: Vec<u64>,
+    first_samples: Vec<u64>,
 }
 
 impl Receiver {
@@ -331,6 +338,7 @@ impl Receiver {
             reorders: 0,
             samples: Vec::with_capacity(256),
             last_samples: Vec::new(),
+            first_samples: Vec::new(),
         }
     }
 
@@ -388,7 +396,14 @@ impl Receiver {
         let expected = p.expected.load(Ordering::Relaxed);
         if expected > 0 {
             let slot = p.slot(st.n);
-            if slot.fetch_add(1, Ordering::AcqRel) + 1 == expected {
+            let before = slot.fetch_add(1, Ordering::AcqRel);
+            if before == 0 && record {
+                self.first_samples.push(lat);
+                if self.first_samples.len() >= 64 {
+                    run.first.flush(self.id, &mut self.first_samples);
+                }
+            }
+            if before + 1 == expected {
                 slot.store(0, Ordering::Release);
                 p.completed.fetch_add(1, Ordering::AcqRel);
                 p.notify.notify_one();
@@ -413,6 +428,7 @@ impl Receiver {
     pub fn flush(&mut self, run: &Run) {
         self.flush_samples(run);
         run.last.flush(self.id, &mut self.last_samples);
+        run.first.flush(self.id, &mut self.first_samples);
     }
 
     /// Loss, duplicates and reordering seen by this receiver.
@@ -818,6 +834,8 @@ pub struct Outcome {
     pub all: Histogram<u64>,
     /// Publish → last subscriber.
     pub last: Histogram<u64>,
+    /// Publish → first subscriber.
+    pub first: Histogram<u64>,
     /// Publish → own echo.
     pub echo: Histogram<u64>,
     /// Publish → each subscriber, per group ([`Run::groups`]).
@@ -1063,6 +1081,7 @@ pub async fn publish_and_collect(
         actions_per_sec: aps,
         all: run.all.merged(),
         last: run.last.merged(),
+        first: run.first.merged(),
         echo: run.echo.merged(),
         groups: run.groups.iter().map(ShardedHist::merged).collect(),
         integrity,
@@ -1121,6 +1140,12 @@ mod tests {
         let ib = b.integrity(&run);
         assert_eq!((ib.lost, ib.duplicated, ib.reordered), (1, 0, 0), "{ib:?}");
         assert_eq!(run.last.merged().len(), 1);
+        // #1 and #3 reached only their first receiver, #2 both: a first
+        // receiver each, timed from its publish.
+        let first = run.first.merged();
+        assert_eq!(first.len(), 3);
+        assert!(first.equivalent(first.min(), 1_000), "{}", first.min());
+        assert!(first.equivalent(first.max(), 5_000), "{}", first.max());
         assert_eq!(run.all.merged().len(), 4);
     }
 

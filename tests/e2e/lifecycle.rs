@@ -207,7 +207,7 @@ async fn a_client_close_is_answered_with_its_own_code() {
 #[tokio::test]
 async fn disposed_sessions_leave_only_the_stated_budgets() {
     let dir = temp_dir("dispose-memory");
-    let server = ServerProcess::spawn(&dir, &[]);
+    let server = ServerProcess::spawn(&dir.join("data"), &[]);
     let mut c = server.client("disposer").await;
     let mut sessions = Vec::new();
     for _ in 0..20 {

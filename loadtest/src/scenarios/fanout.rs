@@ -503,14 +503,16 @@ fn side_by_side(t: &Figures, p: &Figures) -> Option<serde_json::Value> {
     let (to, po) = (t.compared()?, p.compared()?);
     let (ta, pa) = (Summary::of(&to.all), Summary::of(&po.all));
     let (tl, pl) = (Summary::of(&to.last), Summary::of(&po.last));
+    let (tf, pf) = (Summary::of(&to.first), Summary::of(&po.first));
     let mib = |b: u64| b as f64 / 1048576.0;
-    let rows: [(&str, Option<f64>, Option<f64>); 5] = [
+    let rows: [(&str, Option<f64>, Option<f64>); 6] = [
         (
             "server_cpu_us_per_delivery",
             cpu_us_per_delivery(to),
             cpu_us_per_delivery(po),
         ),
         ("p50_ms", Some(ta.p50_ms), Some(pa.p50_ms)),
+        ("first_p50_ms", Some(tf.p50_ms), Some(pf.p50_ms)),
         ("p99_ms", Some(ta.p99_ms), Some(pa.p99_ms)),
         ("last_p99_ms", Some(tl.p99_ms), Some(pl.p99_ms)),
         ("peak_rss_mib", t.peak_rss.map(mib), p.peak_rss.map(mib)),
@@ -537,6 +539,7 @@ fn describe_side_by_side(v: &serde_json::Value) -> String {
     let keys = [
         "server_cpu_us_per_delivery",
         "p50_ms",
+        "first_p50_ms",
         "p99_ms",
         "last_p99_ms",
         "peak_rss_mib",
@@ -834,6 +837,7 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
             let all = Summary::of(&o.all);
             r.set_latency(&all);
             r.put_latency("last", &Summary::of(&o.last));
+            r.put_latency("first", &Summary::of(&o.first));
             r.put_latency("echo", &Summary::of(&o.echo));
             r.put("latency_phase_deliveries_per_sec", o.deliveries_per_sec);
             r.put("latency_phase_actions_per_sec", o.actions_per_sec);
@@ -884,6 +888,7 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
         if let Some(o) = &n.lat {
             r.put_latency("node", &Summary::of(&o.all));
             r.put_latency("node_last", &Summary::of(&o.last));
+            r.put_latency("node_first", &Summary::of(&o.first));
             r.curve("node → every receiver", &o.all);
             r.curve("node → last receiver", &o.last);
         }

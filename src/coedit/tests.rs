@@ -1,0 +1,538 @@
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn op(parts: serde_json::Value) -> TextOp {
+    serde_json::from_value(parts).expect("valid op")
+}
+
+fn u(s: &str) -> Vec<u16> {
+    s.encode_utf16().collect()
+}
+
+#[test]
+fn an_op_walks_the_whole_text_and_keeps_a_canonical_form() {
+    let o = op(serde_json::json!([2, "xy", -1, 1]));
+    assert_eq!((o.base_len(), o.target_len()), (4, 5));
+    assert_eq!(o.apply_str("abcd").unwrap(), "abxyd");
+    assert_eq!(
+        o.apply_str("abc"),
+        Err(OpError::Length { op: 4, text: 3 }),
+        "a text of another length"
+    );
+    // Neighbours merge, and an insert goes before a delete at one place.
+    let mut built = TextOp::new();
+    built
+        .retain(1)
+        .retain(1)
+        .delete(1)
+        .insert_str("x")
+        .insert_str("y");
+    built.retain(1);
+    assert_eq!(built, op(serde_json::json!([2, "xy", -1, 1])));
+    assert_eq!(
+        serde_json::to_value(&built).unwrap(),
+        serde_json::json!([2, "xy", -1, 1])
+    );
+    for bad in [
+        serde_json::json!([0]),
+        serde_json::json!([""]),
+        serde_json::json!([1.5]),
+        serde_json::json!({"retain": 1}),
+    ] {
+        assert!(
+            serde_json::from_value::<TextOp>(bad.clone()).is_err(),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn positions_count_utf16_units_and_a_character_is_never_split() {
+    // 😀 is two units.
+    let text = "a😀b";
+    let ins = op(serde_json::json!([3, "!", 1]));
+    assert_eq!(ins.apply_str(text).unwrap(), "a😀!b");
+    let split = op(serde_json::json!([2, "!", 2]));
+    assert_eq!(split.apply_str(text), Err(OpError::SplitsCharacter));
+    let half = op(serde_json::json!([1, -1, 2]));
+    assert_eq!(half.apply_str(text), Err(OpError::SplitsCharacter));
+}
+
+#[test]
+fn compose_is_one_then_the_other() {
+    let a = op(serde_json::json!([1, "XY", -1, 2]));
+    let b = op(serde_json::json!([2, -2, "z", 1]));
+    let ab = a.compose(&b).unwrap();
+    let text = "abcd";
+    assert_eq!(
+        ab.apply_str(text).unwrap(),
+        b.apply_str(&a.apply_str(text).unwrap()).unwrap()
+    );
+    assert!(a.compose(&a).is_err(), "lengths must meet");
+}
+
+#[test]
+fn transform_keeps_both_inserts_and_deletes_once() {
+    let text = "hello world";
+    let a = op(serde_json::json!([5, " there", 6]));
+    let b = op(serde_json::json!([5, -6, "!"]));
+    let (a2, b2) = TextOp::transform(&a, &b).unwrap();
+    let via_a = b2.apply_str(&a.apply_str(text).unwrap()).unwrap();
+    let via_b = a2.apply_str(&b.apply_str(text).unwrap()).unwrap();
+    assert_eq!(via_a, via_b);
+    assert_eq!(via_a, "hello there!");
+    // Both insert at one place: the first operation's text goes first.
+    let x = op(serde_json::json!([2, "X", 9]));
+    let y = op(serde_json::json!([2, "Y", 9]));
+    let (x2, y2) = TextOp::transform(&x, &y).unwrap();
+    assert_eq!(
+        x2.apply_str(&y.apply_str(text).unwrap()).unwrap(),
+        "heXYllo world"
+    );
+    assert_eq!(
+        y2.apply_str(&x.apply_str(text).unwrap()).unwrap(),
+        "heXYllo world"
+    );
+    // Both delete overlapping ranges.
+    let d1 = op(serde_json::json!([1, -5, 5]));
+    let d2 = op(serde_json::json!([3, -5, 3]));
+    let (d1b, d2b) = TextOp::transform(&d1, &d2).unwrap();
+    let r1 = d2b.apply_str(&d1.apply_str(text).unwrap()).unwrap();
+    let r2 = d1b.apply_str(&d2.apply_str(text).unwrap()).unwrap();
+    assert_eq!((r1.as_str(), r2.as_str()), ("hrld", "hrld"));
+}
+
+#[test]
+fn a_caret_moves_with_the_text_around_it() {
+    let o = op(serde_json::json!([2, "XX", -3, 4]));
+    // Before the change, at it, inside the deleted range, after it.
+    assert_eq!(o.transform_index(1), 1);
+    assert_eq!(o.transform_index(2), 4);
+    assert_eq!(o.transform_index(4), 4);
+    assert_eq!(o.transform_index(7), 6);
+}
+
+#[test]
+fn diff_finds_each_change_character_by_character() {
+    let (a, b) = ("the quick fox", "a quick brown fox!");
+    let d = TextOp::diff(&u(a), &u(b));
+    assert_eq!(d.apply_str(a).unwrap(), b);
+    // Unchanged runs are retained, not rewritten.
+    let retained: usize = d
+        .steps()
+        .iter()
+        .map(|s| match s {
+            Step::Retain(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert!(retained >= "quick fox".len(), "{d:?}");
+    let e = TextOp::diff(&u("a😀b"), &u("a😁b"));
+    assert_eq!(e.apply_str("a😀b").unwrap(), "a😁b");
+}
+
+#[test]
+fn the_authority_carries_an_old_edit_forward_and_takes_each_once() {
+    let mut doc = TextDoc::new("abc", 7, 10, 100);
+    let first = op(serde_json::json!([3, "1"]));
+    let Taken::Applied(e) = doc.edit("A", 1, 7, &first).unwrap() else {
+        panic!("applied")
+    };
+    assert_eq!((e.rev, doc.text().as_str()), (8, "abc1"));
+    // B typed at the start on revision 7, not knowing A's edit.
+    let b = op(serde_json::json!(["0", 3]));
+    let Taken::Applied(e) = doc.edit("B", 1, 7, &b).unwrap() else {
+        panic!("applied")
+    };
+    assert_eq!(e.op, op(serde_json::json!(["0", 4])));
+    assert_eq!(doc.text(), "0abc1");
+    // A's edit again (a reconnect): taken once.
+    assert_eq!(doc.edit("A", 1, 7, &first).unwrap(), Taken::Duplicate);
+    assert_eq!((doc.rev(), doc.taken_from("A")), (9, 1));
+    assert_eq!(doc.since(7).unwrap().len(), 2);
+    assert!(matches!(
+        doc.edit("A", 2, 10, &op(serde_json::json!([5]))),
+        Err(EditError::Ahead { base: 10, rev: 9 })
+    ));
+    assert!(matches!(
+        doc.edit("C", 1, 9, &op(serde_json::json!([4]))),
+        Err(EditError::Op(OpError::Length { .. }))
+    ));
+}
+
+#[test]
+fn an_edit_older_than_the_kept_ones_must_rebase() {
+    let mut doc = TextDoc::new("", 0, 2, 100);
+    for i in 0..3u64 {
+        let mut o = TextOp::new();
+        o.retain(i as usize).insert_str("x");
+        doc.edit("A", i + 1, i, &o).unwrap();
+    }
+    assert!(doc.since(0).is_none());
+    assert_eq!(doc.since(1).unwrap().len(), 2);
+    assert!(matches!(
+        doc.edit("B", 1, 0, &op(serde_json::json!(["y"]))),
+        Err(EditError::Behind { base: 0, oldest: 1 })
+    ));
+}
+
+#[test]
+fn a_whole_text_change_is_an_edit_and_the_length_is_bounded() {
+    let mut doc = TextDoc::new("hello", 0, 10, 8);
+    let e = doc.replace("help").unwrap().expect("changed");
+    assert_eq!((e.rev, e.author.as_str(), e.seq), (1, "", 0));
+    assert_eq!(e.op.apply_str("hello").unwrap(), "help");
+    assert_eq!(doc.replace("help").unwrap(), None);
+    assert!(matches!(
+        doc.replace("help me now"),
+        Err(EditError::TooLong { len: 11, max: 8 })
+    ));
+    // An editor on revision 0 typed at the end of "hello".
+    let Taken::Applied(e) = doc
+        .edit("A", 1, 0, &op(serde_json::json!([5, "!"])))
+        .unwrap()
+    else {
+        panic!("applied")
+    };
+    assert_eq!(e.rev, 2);
+    assert_eq!(doc.text(), "help!");
+}
+
+#[test]
+fn an_editor_sends_one_edit_at_a_time_and_carries_others_over_its_own() {
+    let mut doc = TextDoc::new("ab", 0, 10, 100);
+    let mut a = TextClient::new("A", "ab", 0);
+    let mut b = TextClient::new("B", "ab", 0);
+    let sent = a.local(op(serde_json::json!([2, "1"]))).unwrap().unwrap();
+    assert_eq!(
+        a.local(op(serde_json::json!([3, "2"]))).unwrap(),
+        None,
+        "waits"
+    );
+    let b_sent = b.local(op(serde_json::json!(["0", 2]))).unwrap().unwrap();
+    let Taken::Applied(eb) = doc.edit("B", b_sent.seq, b_sent.base, &b_sent.op).unwrap() else {
+        panic!()
+    };
+    let Taken::Applied(ea) = doc.edit("A", sent.seq, sent.base, &sent.op).unwrap() else {
+        panic!()
+    };
+    // A sees B's edit, then its own taken: its buffered typing goes next.
+    assert_eq!(
+        a.receive(&eb).unwrap(),
+        Received::Remote(op(serde_json::json!(["0", 4])))
+    );
+    assert_eq!(a.text(), "0ab12");
+    let Received::Acked(Some(next)) = a.receive(&ea).unwrap() else {
+        panic!("acked with the buffer to send")
+    };
+    assert_eq!((next.seq, next.base), (2, 2));
+    b.receive(&eb).unwrap();
+    b.receive(&ea).unwrap();
+    let Taken::Applied(e2) = doc.edit("A", next.seq, next.base, &next.op).unwrap() else {
+        panic!()
+    };
+    assert_eq!(a.receive(&e2).unwrap(), Received::Acked(None));
+    b.receive(&e2).unwrap();
+    assert!(a.settled() && b.settled());
+    assert_eq!(
+        (a.text(), b.text(), doc.text()),
+        ("0ab12".into(), "0ab12".into(), "0ab12".into())
+    );
+    assert!(matches!(
+        b.receive(&Edit {
+            rev: 9,
+            author: "C".into(),
+            seq: 1,
+            op: op(serde_json::json!([5]))
+        }),
+        Err(ClientError::Gap { have: 3, got: 9 })
+    ));
+}
+
+// ---- Property: many editors, delays, reconnects -------------------------
+
+/// Messages to the authority.
+#[derive(Debug, Clone)]
+enum Up {
+    Edit(Outgoing),
+    Resume(u64),
+}
+
+/// Messages to an editor.
+#[derive(Debug, Clone)]
+enum Down {
+    Edit(Arc<Edit>),
+    CatchUp(Vec<Arc<Edit>>),
+    Rebase { text: String, rev: u64, taken: u64 },
+}
+
+struct Peer {
+    client: TextClient,
+    /// Connected: its messages reach the authority.
+    online: bool,
+    /// Its resume was answered: the authority's edits reach it.
+    subscribed: bool,
+    up: VecDeque<Up>,
+    down: VecDeque<Down>,
+    /// Characters this editor typed, and those it deleted.
+    typed: HashSet<char>,
+    deleted: HashSet<char>,
+    next_char: u32,
+    /// Its own view after its last keystroke.
+    last_view: Vec<char>,
+}
+
+/// Editor `i`'s characters: a block of its own (editor 0's are outside the
+/// BMP, two units each).
+fn char_of(i: usize, n: u32) -> char {
+    let base = if i == 0 {
+        0x20000
+    } else {
+        0x4E00 + 0x800 * i as u32
+    };
+    char::from_u32(base + n).expect("a character")
+}
+
+fn owner(c: char) -> usize {
+    let c = c as u32;
+    if c >= 0x20000 {
+        0
+    } else {
+        ((c - 0x4E00) / 0x800) as usize
+    }
+}
+
+/// The UTF-16 offset of character `k` of `units`.
+fn offset(chars: &[char], k: usize) -> usize {
+    chars[..k].iter().map(|c| c.len_utf16()).sum()
+}
+
+struct World {
+    doc: TextDoc,
+    peers: Vec<Peer>,
+}
+
+impl World {
+    fn new(editors: usize, keep: usize) -> Self {
+        Self {
+            doc: TextDoc::new("", 0, keep, 1 << 20),
+            peers: (0..editors)
+                .map(|i| Peer {
+                    client: TextClient::new(format!("e{i}"), "", 0),
+                    online: true,
+                    subscribed: true,
+                    up: VecDeque::new(),
+                    down: VecDeque::new(),
+                    typed: HashSet::new(),
+                    deleted: HashSet::new(),
+                    next_char: 0,
+                    last_view: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn send(&mut self, i: usize, out: Option<Outgoing>) {
+        if let Some(out) = out {
+            if self.peers[i].online {
+                self.peers[i].up.push_back(Up::Edit(out));
+            }
+        }
+    }
+
+    fn type_at(&mut self, i: usize, at: usize, count: usize) {
+        let p = &mut self.peers[i];
+        let chars: Vec<char> = p.client.text().chars().collect();
+        let k = at % (chars.len() + 1);
+        let mut ins = String::new();
+        for _ in 0..count {
+            let c = char_of(i, p.next_char);
+            p.next_char += 1;
+            p.typed.insert(c);
+            ins.push(c);
+        }
+        let pos = offset(&chars, k);
+        let mut o = TextOp::new();
+        o.retain(pos)
+            .insert_str(&ins)
+            .retain(p.client.units().len() - pos);
+        let out = p.client.local(o).expect("local insert");
+        p.last_view = p.client.text().chars().collect();
+        self.send(i, out);
+    }
+
+    /// Delete a run of this editor's own characters.
+    fn delete_own(&mut self, i: usize, at: usize, count: usize) {
+        let p = &mut self.peers[i];
+        let chars: Vec<char> = p.client.text().chars().collect();
+        let own: Vec<usize> = (0..chars.len()).filter(|&k| owner(chars[k]) == i).collect();
+        if own.is_empty() {
+            return;
+        }
+        let start = own[at % own.len()];
+        let end = (start..chars.len())
+            .take(count)
+            .take_while(|&k| owner(chars[k]) == i)
+            .last()
+            .expect("the start is its own")
+            + 1;
+        for c in &chars[start..end] {
+            p.deleted.insert(*c);
+        }
+        let (from, to) = (offset(&chars, start), offset(&chars, end));
+        let mut o = TextOp::new();
+        o.retain(from)
+            .delete(to - from)
+            .retain(p.client.units().len() - to);
+        let out = p.client.local(o).expect("local delete");
+        p.last_view = p.client.text().chars().collect();
+        self.send(i, out);
+    }
+
+    /// The authority handles editor `i`'s next message.
+    fn serve(&mut self, i: usize) {
+        let Some(msg) = self.peers[i].up.pop_front() else {
+            return;
+        };
+        let author = self.peers[i].client.author().to_owned();
+        match msg {
+            Up::Edit(out) => match self.doc.edit(&author, out.seq, out.base, &out.op) {
+                Ok(Taken::Applied(e)) => {
+                    for p in self.peers.iter_mut().filter(|p| p.subscribed) {
+                        p.down.push_back(Down::Edit(e.clone()));
+                    }
+                }
+                Ok(Taken::Duplicate) => {}
+                Err(EditError::Behind { .. }) => {
+                    let reply = self.rebase(&author);
+                    self.peers[i].down.push_back(reply);
+                }
+                Err(e) => panic!("refused: {e}"),
+            },
+            Up::Resume(rev) => {
+                let reply = match self.doc.since(rev) {
+                    Some(edits) => Down::CatchUp(edits),
+                    None => self.rebase(&author),
+                };
+                let p = &mut self.peers[i];
+                p.subscribed = true;
+                p.down.push_back(reply);
+            }
+        }
+    }
+
+    fn rebase(&self, author: &str) -> Down {
+        Down::Rebase {
+            text: self.doc.text(),
+            rev: self.doc.rev(),
+            taken: self.doc.taken_from(author),
+        }
+    }
+
+    /// Editor `i` handles its next message.
+    fn deliver(&mut self, i: usize) {
+        let Some(msg) = self.peers[i].down.pop_front() else {
+            return;
+        };
+        let c = &mut self.peers[i].client;
+        let out = match msg {
+            Down::Edit(e) => match c.receive(&e).expect("in order") {
+                Received::Acked(next) => next,
+                _ => None,
+            },
+            Down::CatchUp(edits) => c.catch_up(&edits).expect("catch-up"),
+            Down::Rebase { text, rev, taken } => c.rebase(&text, rev, taken).expect("rebase").1,
+        };
+        self.send(i, out);
+    }
+
+    fn disconnect(&mut self, i: usize) {
+        let p = &mut self.peers[i];
+        p.online = false;
+        p.subscribed = false;
+        p.up.clear();
+        p.down.clear();
+    }
+
+    /// Reconnect: the editor asks to resume from its revision; it is
+    /// subscribed again when the authority answers.
+    fn reconnect(&mut self, i: usize) {
+        let p = &mut self.peers[i];
+        if p.online {
+            return;
+        }
+        p.online = true;
+        p.up.push_back(Up::Resume(p.client.rev()));
+    }
+
+    fn quiet(&self) -> bool {
+        self.peers
+            .iter()
+            .all(|p| p.up.is_empty() && p.down.is_empty() && p.client.settled())
+    }
+
+    fn settle(&mut self) {
+        let mut rounds = 0;
+        while !self.quiet() {
+            rounds += 1;
+            assert!(rounds < 10_000, "did not settle");
+            for i in 0..self.peers.len() {
+                self.serve(i);
+                self.deliver(i);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Editors type and delete their own characters at random places while
+    /// messages wait in random order and editors drop off and come back;
+    /// the authority keeps few edits in some runs, so some editors re-base.
+    /// Everyone converges on one text that holds exactly the characters each
+    /// typed and did not delete, each editor's in the order it last saw them.
+    #[test]
+    fn editors_converge_and_keep_every_keystroke(
+        editors in 2usize..5,
+        keep in prop_oneof![Just(2usize), Just(8), Just(1000)],
+        events in proptest::collection::vec((0u8..10, 0usize..5, 0usize..64, 1usize..4), 0..160),
+    ) {
+        let mut w = World::new(editors, keep);
+        for (kind, who, at, n) in events {
+            let i = who % editors;
+            match kind {
+                0..=2 => w.type_at(i, at, n),
+                3 => w.delete_own(i, at, n),
+                4 | 5 => w.serve(i),
+                6 | 7 => w.deliver(i),
+                8 => w.disconnect(i),
+                _ => w.reconnect(i),
+            }
+        }
+        for i in 0..editors {
+            w.reconnect(i);
+        }
+        w.settle();
+        let final_text = w.doc.text();
+        let final_chars: Vec<char> = final_text.chars().collect();
+        for (i, p) in w.peers.iter().enumerate() {
+            prop_assert_eq!(p.client.text(), final_text.clone(), "editor {} differs", i);
+            prop_assert_eq!(p.client.rev(), w.doc.rev());
+            let kept: HashSet<char> = p.typed.difference(&p.deleted).copied().collect();
+            let present: HashSet<char> =
+                final_chars.iter().copied().filter(|c| owner(*c) == i).collect();
+            prop_assert_eq!(&present, &kept, "editor {}'s characters", i);
+            // The order this editor last saw is kept.
+            let pos: HashMap<char, usize> =
+                final_chars.iter().enumerate().map(|(k, c)| (*c, k)).collect();
+            let order: Vec<usize> =
+                p.last_view.iter().filter_map(|c| pos.get(c).copied()).collect();
+            prop_assert!(order.windows(2).all(|w| w[0] < w[1]), "editor {}'s order", i);
+        }
+    }
+}
