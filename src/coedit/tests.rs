@@ -536,3 +536,79 @@ proptest! {
         }
     }
 }
+
+// ---- Properties of single operations ------------------------------------
+
+/// A text over a small alphabet with a two-unit character in it.
+fn text_strategy() -> impl Strategy<Value = String> {
+    proptest::collection::vec(
+        prop_oneof![Just('a'), Just('b'), Just('é'), Just('😀')],
+        0..12,
+    )
+    .prop_map(|cs| cs.into_iter().collect())
+}
+
+/// A random operation over `text` that respects character boundaries.
+fn op_on(text: &str, picks: &[(u8, u8)]) -> TextOp {
+    let chars: Vec<char> = text.chars().collect();
+    let mut o = TextOp::new();
+    let mut k = 0;
+    for (kind, pick) in picks {
+        if *kind % 3 == 2 {
+            o.insert_str(["x", "y😁"][*pick as usize % 2]);
+            continue;
+        }
+        if k >= chars.len() {
+            break;
+        }
+        let n = (*pick as usize % 3 + 1).min(chars.len() - k);
+        let units: usize = chars[k..k + n].iter().map(|c| c.len_utf16()).sum();
+        match kind % 3 {
+            0 => {
+                o.retain(units);
+                k += n;
+            }
+            _ => {
+                o.delete(units);
+                k += n;
+            }
+        }
+    }
+    let rest: usize = chars[k..].iter().map(|c| c.len_utf16()).sum();
+    o.retain(rest);
+    if picks.len() % 2 == 1 {
+        o.insert_str("z");
+    }
+    o
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    /// Two edits of one text, transformed, lead to the same text in either
+    /// order; composing is applying one then the other; the wire form
+    /// round-trips; a diff rebuilds its target.
+    #[test]
+    fn transform_compose_and_diff_agree(
+        text in text_strategy(),
+        pa in proptest::collection::vec((0u8..3, 0u8..4), 0..8),
+        pb in proptest::collection::vec((0u8..3, 0u8..4), 0..8),
+        other in text_strategy(),
+    ) {
+        let (a, b) = (op_on(&text, &pa), op_on(&text, &pb));
+        let (a2, b2) = TextOp::transform(&a, &b).unwrap();
+        let via_a = b2.apply_str(&a.apply_str(&text).unwrap()).unwrap();
+        let via_b = a2.apply_str(&b.apply_str(&text).unwrap()).unwrap();
+        prop_assert_eq!(&via_a, &via_b);
+        let after_a = a.apply_str(&text).unwrap();
+        let c = op_on(&after_a, &pb);
+        let ac = a.compose(&c).unwrap();
+        prop_assert_eq!(ac.apply_str(&text).unwrap(), c.apply_str(&after_a).unwrap());
+        let wire = serde_json::to_string(&a).unwrap();
+        let back: TextOp = serde_json::from_str(&wire).unwrap();
+        // A no-op over the empty text has no steps and reads back as such.
+        prop_assert_eq!(back, a);
+        let d = TextOp::diff(&u(&text), &u(&other));
+        prop_assert_eq!(d.apply_str(&text).unwrap(), other);
+    }
+}
