@@ -25,9 +25,9 @@
 //! nothing of the crate:
 //!
 //! ```text
-//! server    ──► providers, channels, interactions, publish, store, protocol, auth, rate, config
+//! server    ──► providers, channels, coedit, interactions, publish, store, protocol, auth, rate, config
 //! providers ──► channels, interactions, publish, store, protocol, auth, config, time
-//! channels  ──► interactions, publish, store, protocol, auth, config, time
+//! channels  ──► coedit, interactions, publish, store, protocol, auth, config, time
 //! rate      ──► config ──► store
 //! interactions, publish, store, protocol, auth, time, coedit: nothing above them
 //! ids: nothing (the bottom layer)

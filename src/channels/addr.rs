@@ -15,13 +15,14 @@ use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 use ahp_types::commands::ListSessionsResult;
 
-use super::chat::{FetchTurns, PendingItem};
+use super::chat::{EditText, FetchTurns, OpenText, PendingItem, TextState, TextTarget};
 use super::context::Shared;
 use super::recovery::{RecoveryStats, Restore};
 use super::registry::{Channel, ChannelAddr};
 use super::root::{AgentsChanged, CreateSession, ListSessions, RemoveSession, RootActor};
 use super::session::{CreateChat, ListPending, RemoveChat, SessionActor};
 use super::{ClientDispatch, SnapshotJson, Subscribe};
+use crate::coedit::TextOp;
 use crate::ids::ChannelUri;
 use crate::interactions::{Interaction, Outcome, Settlement};
 use crate::protocol::RpcError;
@@ -280,6 +281,57 @@ impl ChannelAddr {
         };
         let (reply, rx) = tokio::sync::oneshot::channel();
         a.do_send(FetchTurns { cursor, reply });
+        Some(async move {
+            rx.await
+                .map_err(|_| RpcError::internal("the chat went away"))?
+        })
+    }
+
+    /// `tandem/openText`: one of a chat's texts and its revision, for
+    /// `author` to edit. `None` unless this is a chat.
+    pub fn open_text(
+        &self,
+        target: TextTarget,
+        author: String,
+    ) -> Option<impl Future<Output = Result<TextState, RpcError>>> {
+        let ChannelAddr::Chat(a) = self else {
+            return None;
+        };
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        a.do_send(OpenText {
+            target,
+            author,
+            reply,
+        });
+        Some(async move {
+            rx.await
+                .map_err(|_| RpcError::internal("the chat went away"))?
+        })
+    }
+
+    /// `tandem/editText`: `author`'s edit number `seq` on revision `base`;
+    /// resolves with the revision it made, once durable. `None` unless this
+    /// is a chat.
+    pub fn edit_text(
+        &self,
+        target: TextTarget,
+        author: String,
+        seq: u64,
+        base: u64,
+        op: TextOp,
+    ) -> Option<impl Future<Output = Result<u64, RpcError>>> {
+        let ChannelAddr::Chat(a) = self else {
+            return None;
+        };
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        a.do_send(EditText {
+            target,
+            author,
+            seq,
+            base,
+            op,
+            reply,
+        });
         Some(async move {
             rx.await
                 .map_err(|_| RpcError::internal("the chat went away"))?

@@ -279,25 +279,29 @@ impl TextOp {
     }
 
     /// Where a caret at `index` (in the old text) is after this operation:
-    /// text inserted at the caret goes before it, a deleted range around it
-    /// pulls it to the range's start.
-    pub fn transform_index(&self, index: usize) -> usize {
-        let mut left = index as isize;
-        let mut moved = index as isize;
+    /// text inserted before it pushes it on, a deleted range around it pulls
+    /// it to the range's start. Text inserted exactly at the caret goes
+    /// after an `own` caret (the person typing there goes on typing their
+    /// word) and before anyone else's.
+    pub fn transform_index(&self, index: usize, own: bool) -> usize {
+        let mut left = index;
+        let mut moved = index;
         for step in &self.steps {
             match step {
-                Step::Retain(n) => left -= *n as isize,
-                Step::Insert(s) => moved += s.len() as isize,
+                Step::Retain(n) if *n > left => break,
+                Step::Retain(n) => left -= n,
+                Step::Insert(_) if own && left == 0 => break,
+                Step::Insert(s) => moved += s.len(),
                 Step::Delete(n) => {
-                    moved -= left.min(*n as isize).max(0);
-                    left -= *n as isize;
+                    moved -= left.min(*n);
+                    if *n > left {
+                        break;
+                    }
+                    left -= n;
                 }
             }
-            if left < 0 {
-                break;
-            }
         }
-        moved.max(0) as usize
+        moved
     }
 
     /// The operation from `old` to `new` (character by character, Myers;

@@ -110,10 +110,23 @@ fn transform_keeps_both_inserts_and_deletes_once() {
 fn a_caret_moves_with_the_text_around_it() {
     let o = op(serde_json::json!([2, "XX", -3, 4]));
     // Before the change, at it, inside the deleted range, after it.
-    assert_eq!(o.transform_index(1), 1);
-    assert_eq!(o.transform_index(2), 4);
-    assert_eq!(o.transform_index(4), 4);
-    assert_eq!(o.transform_index(7), 6);
+    for own in [false, true] {
+        assert_eq!(o.transform_index(1, own), 1);
+        assert_eq!(
+            o.transform_index(4, own),
+            4,
+            "to the start of what replaced it"
+        );
+        assert_eq!(o.transform_index(5, own), 4);
+        assert_eq!(o.transform_index(7, own), 6);
+    }
+    // Text inserted exactly at a caret: after one's own, before others'.
+    assert_eq!(o.transform_index(2, false), 4);
+    assert_eq!(o.transform_index(2, true), 2);
+    let del = op(serde_json::json!([1, -2, 1]));
+    assert_eq!(del.transform_index(1, true), 1);
+    assert_eq!(del.transform_index(3, true), 1);
+    assert_eq!(del.transform_index(4, false), 2);
 }
 
 #[test]

@@ -24,6 +24,10 @@ pub const REGISTER_PROVIDER: &str = "tandem/registerProvider";
 pub const REQUEST_INTERACTION: &str = "tandem/requestInteraction";
 /// Tandem extension: the unsettled interactions of a session.
 pub const LIST_PENDING: &str = "tandem/listPending";
+/// Tandem extension: a text of a chat to edit together, and its revision.
+pub const OPEN_TEXT: &str = "tandem/openText";
+/// Tandem extension: one editor's edit of a chat's text.
+pub const EDIT_TEXT: &str = "tandem/editText";
 
 /// Decode a method's params into its `ahp-types` struct; a mismatch is
 /// `-32602 Invalid params` naming the method and serde's reason.

@@ -240,7 +240,8 @@ impl Connection {
         }
         // Past its principal's rate, a connection's next message waits (and
         // nothing more is read from it meanwhile).
-        let request = ![m::DISPATCH_ACTION, m::PING].contains(&inc.method.as_str());
+        // An edit is paced like the action it becomes (in its handler).
+        let request = ![m::DISPATCH_ACTION, m::EDIT_TEXT, m::PING].contains(&inc.method.as_str());
         let delay = self.app.principals.pace(
             &self.rate_key,
             text.len(),

@@ -31,6 +31,7 @@ mod provide;
 mod routes;
 mod socket;
 mod subscribe;
+mod texts;
 pub mod upgrade;
 #[path = "web.rs"]
 pub mod web_ui;

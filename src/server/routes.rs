@@ -71,6 +71,8 @@ impl Connection {
                 self.request_interaction(id, decode_params(method, params)?, ctx)
             }
             m::LIST_PENDING => self.list_pending(id, decode_params(method, params)?, ctx),
+            m::OPEN_TEXT => self.open_text(id, decode_params(method, params)?, ctx),
+            m::EDIT_TEXT => self.edit_text(id, decode_params(method, params)?, frame_bytes, ctx),
             other => Err(RpcError::method_not_found(other)),
         }
     }
@@ -317,7 +319,7 @@ impl Connection {
 
     /// What `ask` makes of channel `uri`'s address, or `missing(uri)` when
     /// there is no such channel or it is not the kind that answers `ask`.
-    fn ask<T>(
+    pub(super) fn ask<T>(
         &self,
         uri: &str,
         ask: impl FnOnce(&ChannelAddr) -> Option<T>,
@@ -332,7 +334,7 @@ impl Connection {
     /// The rejection reason when `action` is a person's act
     /// ([`crate::auth::is_persons_act`]) and this connection speaks for an
     /// agent: it serves a provider, or its token has the `agent` role.
-    fn persons_act_refusal(&self, action: &StateAction) -> Option<String> {
+    pub(super) fn persons_act_refusal(&self, action: &StateAction) -> Option<String> {
         if !crate::auth::is_persons_act(action) {
             return None;
         }
@@ -352,7 +354,7 @@ impl Connection {
 
     /// Take one dispatch of `bytes` from the connection's and its subject's
     /// budgets.
-    fn take_dispatch_token(&mut self, bytes: usize) -> bool {
+    pub(super) fn take_dispatch_token(&mut self, bytes: usize) -> bool {
         self.budget.take(
             &self.app.principals,
             &self.rate_key,

@@ -16,6 +16,7 @@ mod admission;
 mod bad_input;
 mod cluster;
 mod cluster_nodes;
+mod coediting;
 mod collaboration;
 mod commands;
 mod durability;

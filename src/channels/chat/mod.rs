@@ -11,7 +11,9 @@
 //! (agent turns, settlements, the session roll-up); [`interactions`] opening
 //! interactions for agents; [`agent_rules`] what an agent may send;
 //! [`history`] turn history (`fetchTurns`, truncation) and disposal;
-//! [`pending`] `tandem/listPending`; [`handle`] the agents' client API.
+//! [`pending`] `tandem/listPending`; [`handle`] the agents' client API;
+//! [`texts`] several people typing in one text (`tandem/openText`,
+//! `tandem/editText`).
 
 mod agent_rules;
 mod effects;
@@ -21,12 +23,14 @@ mod interactions;
 mod pending;
 #[cfg(test)]
 mod tests;
+mod texts;
 
 pub use agent_rules::{AgentAction, READ_ONLY_META};
 pub use handle::ChatHandle;
 pub use history::{DisposeChat, FetchTurns};
 pub use interactions::Interact;
 pub use pending::{GetPending, PendingItem};
+pub use texts::{EditText, OpenText, TextState, TextTarget, TEXT_EDITED};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -47,6 +51,7 @@ use super::rollup;
 use super::session::SessionActor;
 use super::validate::{self, Rejection};
 use super::ClientDispatch;
+use crate::coedit::TextDoc;
 use crate::ids::ChannelUri;
 use crate::interactions::{policy, Outcome, Settlement};
 use crate::publish::{Hub, ServerSeq};
@@ -117,6 +122,8 @@ pub struct ChatActor {
     turn_lost_to_store: Option<String>,
     /// `serverSeq` of the envelope that opened each roll-up entry.
     opened: HashMap<String, ServerSeq>,
+    /// The texts people edit together ([`texts`]).
+    texts: HashMap<TextTarget, TextDoc>,
 }
 
 /// Where a chat lives: its channel, its session and the session's agent.
@@ -201,6 +208,7 @@ impl ChatActor {
             pending_turns: Vec::new(),
             pending_truncate: None,
             opened: HashMap::new(),
+            texts: HashMap::new(),
         }
     }
 
@@ -276,6 +284,11 @@ impl ChannelActor for ChatActor {
     }
 
     fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {
+        if texts::is_text_edited(action) {
+            // For editors only: the standard action before it changed the
+            // state.
+            return Ok(());
+        }
         let turns_before = self.state.turns.len();
         commit::reduce(&mut self.state, action)?;
         if let StateAction::ChatTurnStarted(a) = action {
@@ -297,6 +310,7 @@ impl ChannelActor for ChatActor {
             self.note_opened(&a.action, *seq);
         }
         for (a, _) in batch {
+            self.texts_after_publish(ctx, &a.action, a.origin.is_some());
             self.after_publish(ctx, a.action);
         }
         self.report_to_session();
@@ -317,6 +331,8 @@ impl ChannelActor for ChatActor {
     /// the chat takes no more writes.
     fn roll_back(&mut self, ctx: &mut Context<Self>) {
         self.pending_turns.clear();
+        // Editors re-base on the text the store holds.
+        self.texts.clear();
         self.pending_truncate = None;
         match recovery::reload(&self.core) {
             Ok(Some(Rebuilt::Chat(state, base))) => {

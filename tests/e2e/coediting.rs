@@ -1,0 +1,347 @@
+//! Several people typing in one text answer at once (`tandem/openText`,
+//! `tandem/editText`), against a real server: two editors with the official
+//! `ahp` client edit through [`tandem::coedit::TextClient`], a plain AHP
+//! client watches and overwrites with the standard action, and everyone
+//! ends with the same text holding everyone's words.
+
+use crate::common;
+
+use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::state::{ChatInputAnswer, ChatInputAnswerValue, ChatState, ResponsePart};
+use common::provider::{session_with, Provider};
+use common::*;
+use serde_json::{json, Value};
+use tandem::coedit::{Edit, Outgoing, Received, TextClient, TextOp};
+
+/// One editor: an official client, its copy of the text and its caret.
+struct Editor {
+    c: TestClient,
+    mirror: ChatMirror,
+    text: TextClient,
+    caret: usize,
+    chat: String,
+    target: Value,
+}
+
+impl Editor {
+    async fn open(c: TestClient, chat: &str, target: Value) -> Self {
+        let mirror = c.subscribe_chat(chat).await;
+        let opened: Value = c
+            .client
+            .request(
+                "tandem/openText",
+                json!({"channel": chat, "target": target}),
+            )
+            .await
+            .expect("openText");
+        let text = TextClient::new(
+            c.id.clone(),
+            opened["text"].as_str().expect("text"),
+            opened["rev"].as_u64().expect("rev"),
+        );
+        assert_eq!(opened["taken"], 0);
+        Self {
+            caret: text.units().len(),
+            c,
+            mirror,
+            text,
+            chat: chat.to_owned(),
+            target,
+        }
+    }
+
+    async fn send(&self, out: Option<Outgoing>) {
+        let Some(out) = out else { return };
+        let reply: Value = self
+            .c
+            .client
+            .request(
+                "tandem/editText",
+                json!({"channel": self.chat, "target": self.target, "base": out.base, "seq": out.seq, "op": out.op}),
+            )
+            .await
+            .expect("editText");
+        assert!(reply["rev"].as_u64().is_some(), "{reply}");
+    }
+
+    /// Type `s` at the caret.
+    async fn type_str(&mut self, s: &str) {
+        let len = self.text.units().len();
+        let mut op = TextOp::new();
+        op.retain(self.caret).insert_str(s).retain(len - self.caret);
+        self.caret += s.encode_utf16().count();
+        let out = self.text.local(op).expect("local edit");
+        self.send(out).await;
+    }
+
+    /// Apply one envelope: an edit of the text goes through the editor's
+    /// copy (moving the caret with it), everything into the mirror.
+    async fn apply(&mut self, env: &ActionEnvelope) {
+        self.mirror.apply(env);
+        let Some(edit) = edit_of(env, &self.target) else {
+            return;
+        };
+        match self.text.receive(&edit).expect("edit in order") {
+            Received::Remote(op) => self.caret = op.transform_index(self.caret, true),
+            Received::Acked(next) => self.send(next).await,
+            Received::Old => {}
+        }
+    }
+
+    /// Apply envelopes until `pred` holds.
+    async fn until(&mut self, mut pred: impl FnMut(&Self) -> bool) {
+        while !pred(self) {
+            let env = self.c.next_envelope().await;
+            self.apply(&env).await;
+        }
+    }
+}
+
+/// The edit a `tandem/textEdited` envelope carries for `target`.
+fn edit_of(env: &ActionEnvelope, target: &Value) -> Option<Edit> {
+    let StateAction::Unknown(v) = &env.action else {
+        return None;
+    };
+    if v["type"] != "tandem/textEdited" || &v["target"] != target {
+        return None;
+    }
+    Some(Edit {
+        rev: v["rev"].as_u64()?,
+        author: v["author"].as_str()?.to_owned(),
+        seq: v["seq"].as_u64()?,
+        op: serde_json::from_value(v["op"].clone()).ok()?,
+    })
+}
+
+/// The text answer to `question` in the active turn's input request.
+fn answer(state: &ChatState, question: &str) -> Option<String> {
+    state
+        .active_turn
+        .as_ref()?
+        .response_parts
+        .iter()
+        .find_map(|p| match p {
+            ResponsePart::InputRequest(i) => i.request.answers.as_ref()?.get(question).cloned(),
+            _ => None,
+        })
+        .and_then(|a| match a {
+            ChatInputAnswer::Draft(v) | ChatInputAnswer::Submitted(v) => match v.value {
+                ChatInputAnswerValue::Text(t) => Some(t.value),
+                _ => None,
+            },
+            ChatInputAnswer::Skipped(_) => None,
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_editors_type_into_one_answer_and_a_plain_client_sees_and_overwrites_the_same_text() {
+    let server = TestServer::start().await;
+    let a = server.client("editor-a").await;
+    let b = server.client("editor-b").await;
+    let mut plain = server.client("plain").await;
+    let (_session, chat) = a.create_session().await;
+    let mut pm = plain.subscribe_chat(&chat).await;
+    let spec = json!({"questions": [{"kind": "text", "id": "q", "message": "Release notes?"}]});
+    a.start_turn(&chat, &format!("/ask {spec}")).await;
+    plain
+        .wait_state(&mut pm, |s| open_request_id(s).is_some())
+        .await;
+    let request = open_request_id(&pm.state).expect("request");
+    let target = json!({"requestId": request, "questionId": "q"});
+    let mut a = Editor::open(a, &chat, target.clone()).await;
+    let mut b = Editor::open(b, &chat, target.clone()).await;
+
+    // Interleaved keystrokes, each typed before the other's edits are seen:
+    // every edit after the first is made on a revision the server has moved
+    // past, and is carried over what came between.
+    let (wa, wb) = ("fixes the login loop ", "adds dark mode ");
+    let (ca, cb): (Vec<char>, Vec<char>) = (wa.chars().collect(), wb.chars().collect());
+    for i in 0..ca.len().max(cb.len()) {
+        if let Some(ch) = ca.get(i) {
+            a.type_str(&ch.to_string()).await;
+        }
+        if let Some(ch) = cb.get(i) {
+            b.type_str(&ch.to_string()).await;
+        }
+        if i % 4 == 3 {
+            // Now and then each sees what arrived so far.
+            while let Ok(Some(env)) =
+                tokio::time::timeout(std::time::Duration::from_millis(20), async {
+                    Some(a.c.next_envelope().await)
+                })
+                .await
+            {
+                a.apply(&env).await;
+            }
+        }
+    }
+    a.until(|e| e.text.settled()).await;
+    b.until(|e| e.text.settled()).await;
+    let final_rev = a.text.rev().max(b.text.rev());
+    a.until(|e| e.text.rev() == final_rev).await;
+    b.until(|e| e.text.rev() == final_rev).await;
+    let merged = a.text.text();
+    assert_eq!(b.text.text(), merged, "both editors converge");
+    assert!(
+        merged.contains(wa.trim_end()),
+        "A's words kept whole: {merged:?}"
+    );
+    assert!(
+        merged.contains(wb.trim_end()),
+        "B's words kept whole: {merged:?}"
+    );
+    assert_eq!(
+        merged.chars().count(),
+        wa.chars().count() + wb.chars().count()
+    );
+
+    // The plain client's state holds the same text (from the standard
+    // actions alone), as do the editors' mirrors.
+    plain
+        .wait_state(&mut pm, |s| {
+            answer(s, "q").as_deref() == Some(merged.as_str())
+        })
+        .await;
+    for e in [&a, &b] {
+        assert_eq!(
+            answer(&e.mirror.state, "q").as_deref(),
+            Some(merged.as_str())
+        );
+    }
+
+    // The plain client overwrites the whole text, as any AHP client may;
+    // the editors get it as an edit and type on over it.
+    let overwritten = format!("{merged}— reviewed");
+    plain
+        .dispatch(
+            &chat,
+            action(
+                json!({"type": "chat/inputAnswerChanged", "requestId": request, "questionId": "q",
+                "answer": {"state": "draft", "value": {"kind": "text", "value": overwritten}}}),
+            ),
+        )
+        .await;
+    a.until(|e| e.text.text() == overwritten).await;
+    b.until(|e| e.text.text() == overwritten).await;
+    a.caret = 0;
+    a.type_str("v2: ").await;
+    a.until(|e| e.text.settled()).await;
+    let expected = format!("v2: {overwritten}");
+    b.until(|e| e.text.text() == expected).await;
+    plain
+        .wait_state(&mut pm, |s| {
+            answer(s, "q").as_deref() == Some(expected.as_str())
+        })
+        .await;
+
+    // An edit from a revision older than the server keeps is answered with
+    // the text to re-base on.
+    let stale: Result<Value, _> =
+        b.c.client
+            .request(
+                "tandem/editText",
+                json!({"channel": chat, "target": target, "base": 1, "seq": 99, "op": ["x"]}),
+            )
+            .await;
+    let err = format!("{:?}", stale.expect_err("stale base"));
+    assert!(err.contains("-32011") && err.contains("re-base"), "{err}");
+
+    // Settled by one completion: the merged answer is what the agent gets,
+    // and the text takes no more edits.
+    a.c.dispatch(
+        &chat,
+        action(json!({"type": "chat/inputCompleted", "requestId": request, "response": "accept"})),
+    )
+    .await;
+    plain
+        .wait_state(&mut pm, |s| {
+            last_turn_markdown(s).iter().any(|m| m.contains(&expected))
+        })
+        .await;
+    let late: Result<Value, _> = a
+        .c
+        .client
+        .request(
+            "tandem/editText",
+            json!({"channel": chat, "target": target, "base": a.text.rev(), "seq": 50, "op": [1, "x", expected.encode_utf16().count() - 1]}),
+        )
+        .await;
+    let err = format!("{:?}", late.expect_err("settled"));
+    assert!(err.contains("settled"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chat_draft_is_edited_together_and_agents_may_not_type() {
+    let server = TestServer::start().await;
+    let agent = Provider::connect(&server.url(), "typist-agent").await;
+    let a = server.client("draft-a").await;
+    let b = server.client("draft-b").await;
+    let (_session, chat) = session_with(&a, "typist-agent").await;
+    let target = json!({"draft": true});
+    let mut a = Editor::open(a, &chat, target.clone()).await;
+    let mut b = Editor::open(b, &chat, target.clone()).await;
+    a.type_str("deploy ").await;
+    b.type_str("tonight").await;
+    a.until(|e| e.text.settled() && e.text.text().chars().count() == 14)
+        .await;
+    b.until(|e| e.text.settled() && e.text.text() == e.mirror_draft())
+        .await;
+    assert_eq!(a.text.text(), b.text.text());
+    assert_eq!(a.mirror_draft(), a.text.text());
+    let t = a.text.text();
+    assert!(t.contains("deploy ") && t.contains("tonight"), "{t:?}");
+
+    // Bad input is refused with the reason.
+    for (params, says) in [
+        (
+            json!({"channel": chat, "target": {"draft": true}, "base": a.text.rev(), "seq": 0, "op": ["x"]}),
+            "seq",
+        ),
+        (
+            json!({"channel": chat, "target": {"draft": true}, "base": a.text.rev(), "seq": 7, "op": [0]}),
+            "zero",
+        ),
+        (
+            json!({"channel": chat, "target": {"requestId": "nope", "questionId": "q"}, "base": 0, "seq": 7, "op": ["x"]}),
+            "no input request",
+        ),
+        (
+            json!({"channel": chat, "target": {"draft": true}, "base": a.text.rev(), "seq": 7, "op": [999]}),
+            "covers",
+        ),
+    ] {
+        let r: Result<Value, _> = a.c.client.request("tandem/editText", params.clone()).await;
+        let err = format!("{:?}", r.expect_err("refused"));
+        assert!(err.contains(says), "{params}: {err}");
+    }
+
+    // The agent's connection may not type into a person's text.
+    for (method, params) in [
+        (
+            "tandem/openText",
+            json!({"channel": chat, "target": {"draft": true}}),
+        ),
+        (
+            "tandem/editText",
+            json!({"channel": chat, "target": {"draft": true}, "base": a.text.rev(), "seq": 1, "op": ["x", 14]}),
+        ),
+    ] {
+        let r: Result<Value, _> = agent.client.request(method, params).await;
+        let err = format!("{:?}", r.expect_err("an agent"));
+        assert!(
+            err.contains("-32009") && err.contains("person's act"),
+            "{method}: {err}"
+        );
+    }
+}
+
+impl Editor {
+    fn mirror_draft(&self) -> String {
+        self.mirror
+            .state
+            .draft
+            .as_ref()
+            .map(|m| m.text.clone())
+            .unwrap_or_default()
+    }
+}
