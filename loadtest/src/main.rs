@@ -13,6 +13,7 @@ use tandem_loadtest::report::{self, ScenarioResult};
 use tandem_loadtest::scenarios::{
     agent_stream::{self, AgentStreamArgs},
     cluster::{self, ClusterArgs},
+    coedit::{self, CoeditArgs},
     connections::{self, ConnectionsArgs},
     drafts::{self, DraftsArgs},
     durable::{self, DurableArgs},
@@ -63,6 +64,10 @@ enum Command {
     /// W writers edit answers of one open input request while S subscribers
     /// watch; every subscriber must converge to the server snapshot.
     Drafts(DraftsArgs),
+    /// T typists type into one text answer at once (`tandem/editText`)
+    /// while S subscribers watch: every keystroke kept, everyone agreeing,
+    /// keystroke → every subscriber latency, CPU per delivery.
+    Coedit(CoeditArgs),
     /// Many chats writing at once with a store: durable actions/s and echo
     /// latency.
     Durable(DurableArgs),
@@ -99,6 +104,7 @@ async fn run_scenario(cmd: &Command, opts: &ServerOpts) -> anyhow::Result<Scenar
     match cmd {
         Command::Fanout(a) => fanout::run(a, opts).await,
         Command::Drafts(a) => drafts::run(a, opts).await,
+        Command::Coedit(a) => coedit::run(a, opts).await,
         Command::Durable(a) => durable::run(a, opts).await,
         Command::Connections(a) => connections::run(a, opts).await,
         Command::ReconnectStorm(a) => reconnect::run(a, opts).await,

@@ -3,6 +3,7 @@
 //! publish, check, report — in a few seconds.
 
 use tandem_loadtest::scenarios::agent_stream::{self, AgentStreamArgs, Agents};
+use tandem_loadtest::scenarios::coedit::{self, CoeditArgs};
 use tandem_loadtest::scenarios::drafts::{self, DraftsArgs};
 use tandem_loadtest::scenarios::fanout::{self, Against, FanoutArgs, Peer, SessionsBy};
 use tandem_loadtest::server::ServerOpts;
@@ -168,6 +169,29 @@ async fn drafts_subscribers_converge_to_the_snapshot() {
     assert_eq!(r.converged, Some(true), "notes: {:?}", r.notes);
     assert_eq!(r.lost, Some(0));
     assert_eq!(r.extra["edits_rejected"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coedit_keeps_every_keystroke_and_everyone_agrees() {
+    tandem_loadtest::progress::set_quiet(true);
+    let args = CoeditArgs {
+        typists: 4,
+        subscribers: 5,
+        rate: 30.0,
+        seconds: 1.0,
+        warmup: 0.2,
+        drain: 5.0,
+    };
+    let r = coedit::run(&args, &in_process())
+        .await
+        .expect("coedit runs");
+    assert_eq!(r.converged, Some(true), "notes: {:?}", r.notes);
+    assert_eq!(r.extra["keystrokes"], 120);
+    assert_eq!(r.extra["final_text_chars"], 120);
+    assert_eq!(r.extra["keystrokes_missing"], 0);
+    assert_eq!(r.extra["typists_out_of_order"], 0);
+    assert_eq!(r.extra["edit_errors"], 0);
+    assert!(!r.failed, "{:?}", r.targets);
 }
 
 /// The ACP test agent (`examples/acp_test_agent.rs` of the server crate),

@@ -2,6 +2,7 @@
 
 pub mod agent_stream;
 pub mod cluster;
+pub mod coedit;
 pub mod connections;
 pub mod drafts;
 pub mod durable;
