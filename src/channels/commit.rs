@@ -124,6 +124,12 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
     /// once: a batch is journaled with a snapshot of the state.
     fn parts(&mut self) -> (&mut ChannelCore, &mut Self::State);
 
+    /// The state as a snapshot stores it (the chat adds what it keeps
+    /// beside the state).
+    fn snapshot_json(&mut self) -> Option<String> {
+        serde_json::to_string(self.parts().1).ok()
+    }
+
     /// Reduce one action into the state (the default is the official
     /// reducer; the chat also tracks its turn history here).
     fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {
@@ -420,10 +426,15 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             return;
         }
         let (turns, truncate) = self.take_history();
-        let (core, state) = self.parts();
-        let commit = core.append(&batch, turns, truncate, || {
-            serde_json::to_string(state).ok()
-        });
+        let snapshot = if self.parts().0.snapshot_due(batch.len()) {
+            self.snapshot_json()
+        } else {
+            None
+        };
+        let commit = self
+            .parts()
+            .0
+            .append(&batch, turns, truncate, move || snapshot);
         ctx.wait(commit.into_actor(self).map(move |res, act, ctx| match res {
             Ok(()) => publish_all(act, ctx, batch, done),
             Err(e) => {

@@ -157,6 +157,12 @@ impl ChannelCore {
     /// after the batch) goes along, so recovery replays only the tail.
     /// The batch's `serverSeq` values are claimed first: if the store refuses
     /// to reserve them, nothing is journaled and the commit fails.
+    /// Whether appending `records` more records takes a snapshot (the
+    /// `state` of [`ChannelCore::append`] is then called).
+    pub fn snapshot_due(&self, records: usize) -> bool {
+        self.since_snapshot + records as u64 >= self.shared.config.snapshot_every
+    }
+
     pub fn append(
         &mut self,
         batch: &[Accepted],

@@ -193,8 +193,11 @@ impl Handler<Restore> for RootActor {
                         provider: c.info.provider.clone(),
                         arbiter: shared.next_arbiter(),
                     };
-                    let addr =
-                        home.start(move |home, hub| ChatActor::recovered(home, hub, *state, base));
+                    let marks =
+                        super::chat::text_marks(c.snapshot.as_ref().map(|s| &*s.state), &c.tail);
+                    let addr = home.start(move |home, hub| {
+                        ChatActor::recovered(home, hub, *state, base).with_text_marks(marks)
+                    });
                     attach.entry(session_uri).or_default().push((uri, addr));
                     stats.chats += 1;
                 }

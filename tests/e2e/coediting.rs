@@ -345,3 +345,80 @@ impl Editor {
             .unwrap_or_default()
     }
 }
+
+/// After a restart the texts' revisions and each editor's last edit number
+/// come back from the store (from the snapshot's marks, or from the
+/// journaled edits after it), so an editor that never saw its last edit
+/// taken re-bases without typing it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_an_editor_rebases_knowing_which_of_its_edits_were_taken() {
+    let dir = temp_dir("coedit-restart");
+    // Snapshots every 3 actions (the marks ride in the snapshot), and
+    // never (they come from the journaled edits).
+    for every in [3u64, 1_000] {
+        let config = tandem::Config {
+            data_dir: Some(dir.join(format!("data-{every}"))),
+            snapshot_every: every,
+            ..tandem::Config::default()
+        };
+        let server = TestServer::start_with(config.clone()).await;
+        let c = server.client("restarting-editor").await;
+        let (_session, chat) = c.create_session().await;
+        let target = json!({"draft": true});
+        let mut ed = Editor::open(c, &chat, target.clone()).await;
+        ed.type_str("abc").await;
+        ed.until(|e| e.text.settled()).await;
+        // Edit 2 is taken (its reply came: it is durable), but the editor
+        // goes away before its copy of the text sees it published.
+        let mut op = TextOp::new();
+        op.retain(3).insert_str("def");
+        let out = ed.text.local(op).expect("local").expect("sent at once");
+        assert_eq!(out.seq, 2);
+        ed.send(Some(out)).await;
+        let before = ed.text.rev();
+        drop(ed.c);
+        server.stop().await;
+
+        let server = TestServer::start_with(config).await;
+        let c = server.client("restarting-editor").await;
+        let opened: Value = c
+            .client
+            .request(
+                "tandem/openText",
+                json!({"channel": chat, "target": target}),
+            )
+            .await
+            .expect("openText");
+        assert_eq!(opened["text"], "abcdef", "every={every}");
+        assert_eq!(opened["taken"], 2, "edit 2 is known taken (every={every})");
+        let rev = opened["rev"].as_u64().expect("rev");
+        assert!(rev > before, "revisions go on from where they were");
+        // Its next edit, on the revision it knew, is sent back to re-base.
+        let stale: Result<Value, _> = c
+            .client
+            .request(
+                "tandem/editText",
+                json!({"channel": chat, "target": target, "base": before, "seq": 3, "op": [3, "!"]}),
+            )
+            .await;
+        let err = format!("{:?}", stale.expect_err("re-base"));
+        assert!(err.contains("-32011"), "{err}");
+        let (shown, resend) = ed.text.rebase("abcdef", rev, 2).expect("rebase");
+        assert_eq!(ed.text.text(), "abcdef", "nothing typed twice");
+        assert!(resend.is_none() && ed.text.settled());
+        assert!(
+            shown.is_noop(),
+            "what it shows was right already: {shown:?}"
+        );
+        let reply: Value = c
+            .client
+            .request(
+                "tandem/editText",
+                json!({"channel": chat, "target": target, "base": rev, "seq": 3, "op": [6, "!"]}),
+            )
+            .await
+            .expect("edits go on");
+        assert_eq!(reply["rev"], rev + 1);
+        server.stop().await;
+    }
+}

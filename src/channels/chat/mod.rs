@@ -30,7 +30,9 @@ pub use handle::ChatHandle;
 pub use history::{DisposeChat, FetchTurns};
 pub use interactions::Interact;
 pub use pending::{GetPending, PendingItem};
-pub use texts::{EditText, OpenText, TextState, TextTarget, TEXT_EDITED};
+pub use texts::{
+    text_marks, EditText, OpenText, TextMarks, TextState, TextTarget, TEXTS_KEY, TEXT_EDITED,
+};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -281,6 +283,10 @@ impl ChannelActor for ChatActor {
 
     fn parts(&mut self) -> (&mut ChannelCore, &mut ChatState) {
         (&mut self.core, &mut self.state)
+    }
+
+    fn snapshot_json(&mut self) -> Option<String> {
+        self.snapshot_with_texts()
     }
 
     fn reduce(&mut self, action: &StateAction) -> Result<(), Rejection> {

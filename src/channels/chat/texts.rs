@@ -30,6 +30,12 @@ use crate::protocol::{errors, RpcError};
 /// The action type that carries an edit to editors.
 pub const TEXT_EDITED: &str = "tandem/textEdited";
 
+/// The key beside the state in a chat's stored snapshot under which the
+/// edited texts' revisions and each editor's last edit number are kept
+/// (`[{target, rev, taken: {author: seq}}]`), so after a restart an editor
+/// re-bases knowing exactly which of its edits were taken.
+pub const TEXTS_KEY: &str = "tandem/texts";
+
 /// Edits kept per text to carry late ones forward.
 const KEEP_EDITS: usize = 256;
 
@@ -89,6 +95,51 @@ pub struct EditText {
     pub reply: oneshot::Sender<Result<u64, RpcError>>,
 }
 
+/// What the store says of the edited texts: revision and each editor's
+/// last edit number, by text.
+pub type TextMarks = HashMap<TextTarget, (u64, HashMap<String, u64>)>;
+
+/// The marks in a stored snapshot and the `tandem/textEdited` records
+/// journaled after it.
+pub fn text_marks(snapshot: Option<&str>, tail: &[crate::store::Record]) -> TextMarks {
+    let mut marks = TextMarks::new();
+    let stored = snapshot
+        .filter(|s| s.contains(TEXTS_KEY))
+        .and_then(|s| serde_json::from_str::<Value>(s).ok());
+    if let Some(Value::Array(texts)) = stored.as_ref().and_then(|v| v.get(TEXTS_KEY)) {
+        for t in texts {
+            let (Ok(target), Some(rev)) = (
+                serde_json::from_value::<TextTarget>(t["target"].clone()),
+                t["rev"].as_u64(),
+            ) else {
+                continue;
+            };
+            let taken = serde_json::from_value(t["taken"].clone()).unwrap_or_default();
+            marks.insert(target, (rev, taken));
+        }
+    }
+    for r in tail.iter().filter(|r| r.contains(TEXT_EDITED)) {
+        let Ok(v) = serde_json::from_str::<Value>(r) else {
+            continue;
+        };
+        let (true, Ok(target), Some(rev)) = (
+            v["type"] == TEXT_EDITED,
+            serde_json::from_value::<TextTarget>(v["target"].clone()),
+            v["rev"].as_u64(),
+        ) else {
+            continue;
+        };
+        let entry = marks.entry(target).or_default();
+        entry.0 = rev;
+        if let (Some(author), Some(seq)) = (v["author"].as_str(), v["seq"].as_u64()) {
+            if seq > 0 {
+                entry.1.insert(author.to_owned(), seq);
+            }
+        }
+    }
+    marks
+}
+
 /// Whether `action` is a `tandem/textEdited`.
 pub fn is_text_edited(action: &StateAction) -> bool {
     matches!(action, StateAction::Unknown(v) if v.get("type").and_then(Value::as_str) == Some(TEXT_EDITED))
@@ -122,6 +173,38 @@ fn not_editable(why: impl Into<String>) -> RpcError {
 }
 
 impl ChatActor {
+    /// Take up the edited texts where the store left them (after a
+    /// restart): those still editable get their revision and editors' last
+    /// edit numbers back, with no edits kept (editors on an older revision
+    /// re-base).
+    pub fn with_text_marks(mut self, marks: TextMarks) -> Self {
+        let max = self.core.shared.config.limits.max_answer_chars;
+        for (target, (rev, taken)) in marks {
+            if let Ok(text) = self.editable_text(&target) {
+                let doc = TextDoc::restored(&text, rev, taken, KEEP_EDITS, max);
+                self.texts.insert(target, doc);
+            }
+        }
+        self
+    }
+
+    /// The state as a snapshot stores it, with the edited texts' marks
+    /// beside it ([`TEXTS_KEY`]).
+    pub(super) fn snapshot_with_texts(&self) -> Option<String> {
+        if self.texts.is_empty() {
+            return serde_json::to_string(&self.state).ok();
+        }
+        let mut v = serde_json::to_value(&self.state).ok()?;
+        let texts: Vec<Value> = self
+            .texts
+            .iter()
+            .map(|(target, doc)| json!({"target": target, "rev": doc.rev(), "taken": doc.taken()}))
+            .collect();
+        v.as_object_mut()?
+            .insert(TEXTS_KEY.to_owned(), Value::Array(texts));
+        serde_json::to_string(&v).ok()
+    }
+
     /// The current text of `target`, if people may edit it now.
     fn editable_text(&self, target: &TextTarget) -> Result<String, RpcError> {
         match target {
@@ -407,4 +490,46 @@ impl Handler<EditText> for ChatActor {
 
 fn follower() -> RpcError {
     not_editable("this node follows the chat for another node of the cluster: edit through a connection to the node that runs it")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_come_from_the_snapshot_then_the_edits_journaled_after_it() {
+        let draft = TextTarget::Draft { draft: true };
+        let answer = TextTarget::Answer {
+            request_id: "r".into(),
+            question_id: "q".into(),
+        };
+        let snapshot = json!({
+            "resource": "ahp-chat:/c",
+            TEXTS_KEY: [
+                {"target": {"draft": true}, "rev": 10, "taken": {"a": 4, "b": 2}},
+                {"target": {"requestId": "r", "questionId": "q"}, "rev": 3, "taken": {}},
+            ],
+        })
+        .to_string();
+        let edit = |target: Value, rev: u64, author: &str, seq: u64| -> crate::store::Record {
+            json!({"type": TEXT_EDITED, "target": target, "rev": rev, "author": author, "seq": seq, "op": [1]})
+                .to_string()
+                .into()
+        };
+        let tail = vec![
+            edit(json!({"draft": true}), 11, "b", 3),
+            json!({"type": "chat/draftChanged"}).to_string().into(),
+            edit(json!({"draft": true}), 12, "", 0),
+            edit(json!({"requestId": "r", "questionId": "q"}), 4, "c", 1),
+        ];
+        let marks = text_marks(Some(&snapshot), &tail);
+        assert_eq!(marks[&draft].0, 12);
+        assert_eq!(
+            marks[&draft].1,
+            HashMap::from([("a".to_owned(), 4), ("b".to_owned(), 3)])
+        );
+        assert_eq!(marks[&answer], (4, HashMap::from([("c".to_owned(), 1)])));
+        // A snapshot without marks, and no edits: nothing.
+        assert!(text_marks(Some("{\"resource\":\"x\"}"), &[]).is_empty());
+    }
 }
