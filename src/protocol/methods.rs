@@ -28,6 +28,10 @@ pub const LIST_PENDING: &str = "tandem/listPending";
 pub const OPEN_TEXT: &str = "tandem/openText";
 /// Tandem extension: one editor's edit of a chat's text.
 pub const EDIT_TEXT: &str = "tandem/editText";
+/// Tandem extension: where this connection's person is in a chat.
+pub const SET_PRESENCE: &str = "tandem/setPresence";
+/// Tandem extension: everyone present on a chat.
+pub const LIST_PRESENCE: &str = "tandem/listPresence";
 
 /// Decode a method's params into its `ahp-types` struct; a mismatch is
 /// `-32602 Invalid params` naming the method and serde's reason.

@@ -114,11 +114,12 @@ impl Actor for Connection {
     }
 
     fn stopping(&mut self, _: &mut Self::Context) -> Running {
-        let shared = &self.app.shared;
-        for uri in self.subs.drain() {
-            if let Some(ch) = shared.registry.get(&uri) {
+        let subs: Vec<ChannelUri> = self.subs.drain().collect();
+        for uri in subs {
+            if let Some(ch) = self.app.shared.registry.get(&uri) {
                 ch.hub.remove(self.out.id());
             }
+            self.leave_presence(&uri);
         }
         for p in self.providers.drain() {
             self.app.agents.connection_closed(&p, self.out.id());
@@ -241,7 +242,8 @@ impl Connection {
         // Past its principal's rate, a connection's next message waits (and
         // nothing more is read from it meanwhile).
         // An edit is paced like the action it becomes (in its handler).
-        let request = ![m::DISPATCH_ACTION, m::EDIT_TEXT, m::PING].contains(&inc.method.as_str());
+        let request = ![m::DISPATCH_ACTION, m::EDIT_TEXT, m::SET_PRESENCE, m::PING]
+            .contains(&inc.method.as_str());
         let delay = self.app.principals.pace(
             &self.rate_key,
             text.len(),

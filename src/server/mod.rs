@@ -27,6 +27,7 @@ mod cluster;
 pub mod connection;
 mod inbound;
 pub mod params;
+mod presence;
 mod provide;
 mod routes;
 mod socket;
@@ -75,6 +76,8 @@ pub struct AppState {
     pub connections: Arc<Connections>,
     /// What each principal may still send and have journaled now.
     pub principals: Principals,
+    /// Who is looking at what in each chat (`tandem/setPresence`).
+    pub presence: presence::PresenceTable,
 }
 
 /// Why a server refuses to start.
@@ -325,6 +328,7 @@ where
                         config.limits.max_connections_per_token,
                     )),
                     principals: Principals::default(),
+                    presence: presence::PresenceTable::default(),
                 });
                 let app_state = state.clone();
                 let server = http_server(&app_state, &config, listener)?;

@@ -73,6 +73,11 @@ impl Connection {
             m::LIST_PENDING => self.list_pending(id, decode_params(method, params)?, ctx),
             m::OPEN_TEXT => self.open_text(id, decode_params(method, params)?, ctx),
             m::EDIT_TEXT => self.edit_text(id, decode_params(method, params)?, frame_bytes, ctx),
+            m::SET_PRESENCE => self.set_presence(id, decode_params(method, params)?, frame_bytes),
+            m::LIST_PRESENCE => {
+                let p: ChannelParams = decode_params(method, params)?;
+                self.list_presence(id, p.channel)
+            }
             other => Err(RpcError::method_not_found(other)),
         }
     }
@@ -98,6 +103,7 @@ impl Connection {
             if let Some(ch) = self.app.shared.registry.get(&uri) {
                 ch.hub.remove(self.out.id());
             }
+            self.leave_presence(&uri);
         }
         self.reply(&id, &Value::Null);
     }

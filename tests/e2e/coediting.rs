@@ -422,3 +422,93 @@ async fn after_a_restart_an_editor_rebases_knowing_which_of_its_edits_were_taken
         server.stop().await;
     }
 }
+
+/// The next `tandem/presence` notification's params.
+async fn next_presence(p: &mut Provider) -> Value {
+    loop {
+        let note = tokio::time::timeout(WAIT, p.notes.recv())
+            .await
+            .expect("timed out waiting for presence")
+            .expect("connection gone");
+        if note["method"] == "tandem/presence" {
+            return note["params"].clone();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everyone_on_a_chat_sees_who_is_where_and_who_left() {
+    let server = TestServer::start().await;
+    let owner = server.client("presence-owner").await;
+    let (_session, chat) = owner.create_session().await;
+    let mut a = Provider::open(&server.url(), "presence-a").await;
+    let mut b = Provider::open(&server.url(), "presence-b").await;
+    let subscribe = json!({"channel": chat});
+    for p in [&a, &b] {
+        let _: Value = p
+            .client
+            .request("subscribe", subscribe.clone())
+            .await
+            .expect("subscribe");
+    }
+    let here = json!({"channel": chat, "target": {"draft": true}, "caret": {"anchor": 2, "head": 5}, "rev": 7, "state": "active"});
+    let _: Value = a
+        .client
+        .request("tandem/setPresence", here.clone())
+        .await
+        .expect("setPresence");
+    for p in [&mut a, &mut b] {
+        let seen = next_presence(p).await;
+        assert_eq!(seen["clientId"], "presence-a");
+        assert_eq!(seen["target"], json!({"draft": true}));
+        assert_eq!(seen["caret"], json!({"anchor": 2, "head": 5}));
+        assert_eq!(
+            (seen["rev"].clone(), seen["state"].clone()),
+            (json!(7), json!("active"))
+        );
+    }
+    // Someone who comes later asks who is there.
+    let listed: Value = owner
+        .client
+        .request("tandem/listPresence", json!({"channel": chat}))
+        .await
+        .expect("listPresence");
+    let list = listed["presence"].as_array().expect("a list");
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["clientId"], "presence-a");
+
+    // Idle, then gone when its connection closes.
+    let idle = json!({"channel": chat, "state": "idle"});
+    let _: Value = a
+        .client
+        .request("tandem/setPresence", idle)
+        .await
+        .expect("idle");
+    assert_eq!(next_presence(&mut b).await["state"], "idle");
+    drop(a);
+    let gone = next_presence(&mut b).await;
+    assert_eq!(
+        (gone["clientId"].clone(), gone["state"].clone()),
+        (json!("presence-a"), json!("gone"))
+    );
+    let listed: Value = owner
+        .client
+        .request("tandem/listPresence", json!({"channel": chat}))
+        .await
+        .expect("listPresence");
+    assert_eq!(listed["presence"], json!([]));
+
+    // Presence needs a subscription, and a known state.
+    let r: Result<Value, _> = owner.client.request("tandem/setPresence", here).await;
+    let err = format!("{:?}", r.expect_err("not subscribed"));
+    assert!(err.contains("needs a subscription"), "{err}");
+    let r: Result<Value, _> = b
+        .client
+        .request(
+            "tandem/setPresence",
+            json!({"channel": chat, "state": "asleep"}),
+        )
+        .await;
+    let err = format!("{:?}", r.expect_err("unknown state"));
+    assert!(err.contains("-32602"), "{err}");
+}
