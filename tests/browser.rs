@@ -178,8 +178,8 @@ async fn the_web_client_works_in_headless_chromium() {
         out.status
     );
     assert!(
-        stdout.contains("pass 4"),
-        "all four browser tests ran:\n{stdout}"
+        stdout.contains("pass 5") && stdout.contains("fail 0"),
+        "all five browser tests ran:\n{stdout}"
     );
     server.stop().await;
 }

@@ -96,6 +96,10 @@ client.addEventListener('envelope', (e) => {
   if (a.type === 'chat/inputAnswerChanged' && envelope.origin) {
     editors.set(`${a.requestId}/${a.questionId}`, envelope.origin.clientId);
   }
+  if (a.type === 'tandem/textEdited' && a.target?.requestId) {
+    // Typed together: the edit names its author.
+    editors.set(`${a.target.requestId}/${a.target.questionId}`, a.author || 'a plain client');
+  }
 });
 
 // ─── Session list ────────────────────────────────────────────────────────

@@ -3,7 +3,7 @@
 // small component: built once per request / tool call, then `update(part)` on
 // every state change keeps it in place, so a person typing never loses focus
 // while drafts from other clients stream in.
-
+import { SharedField } from './coedit.js';
 import { h, setChildren, setText } from './dom.js';
 import { inline, escapeHtml } from './markdown.js';
 import { checkAnswer, checkAccept, formatHint, linkTarget, ruleHint } from './validate.js';
@@ -73,6 +73,7 @@ function makeControl(q, onEdit) {
       return {
         el: h('div', { class: 'control control-text' }, input, counter),
         focus: input,
+        refresh: refreshCounter,
         read: () => (input.value === '' ? undefined : { kind: 'text', value: input.value }),
         show(v) {
           const text = v?.kind === 'text' ? v.value : '';
@@ -293,7 +294,7 @@ export class InputRequestCard {
     if (mode !== this.mode) {
       this.mode = mode;
       this.el.dataset.state = mode === 'open' ? 'open' : 'settled';
-      if (mode === 'open') this.buildOpen(); else this.buildSettled();
+      if (mode === 'open') this.buildOpen(); else { this.closeShared(); this.buildSettled(); }
     }
     if (mode === 'open') this.refreshOpen(); else this.refreshSettled();
   }
@@ -310,8 +311,13 @@ export class InputRequestCard {
 
   // ── open ──
 
+  closeShared() {
+    for (const entry of this.questions.values()) entry.shared?.close();
+  }
+
   buildOpen() {
     const r = this.request;
+    this.closeShared();
     this.questions.clear();
     this.stateChip = chip('Waiting for you', 'warn');
     const qs = (r.questions ?? []).map((q) => this.buildQuestion(q));
@@ -370,6 +376,19 @@ export class InputRequestCard {
   buildQuestion(q) {
     const entry = { q, dirty: false, timer: null };
     entry.control = makeControl(q, () => this.onEdit(entry));
+    if (q.kind === 'text' && this.ctx.client) {
+      // Several people may type here at once: edits, not whole texts.
+      entry.peersEl = h('div', { class: 'peers' });
+      entry.control.el.append(entry.peersEl);
+      entry.shared = new SharedField({
+        client: this.ctx.client,
+        chat: this.ctx.chat,
+        target: { requestId: this.requestId, questionId: q.id },
+        input: entry.control.focus,
+        marks: entry.peersEl,
+        onText: () => { entry.control.refresh?.(); this.showError(entry); },
+      });
+    }
     entry.errEl = h('div', { class: 'q-error', role: 'alert' });
     entry.hintEl = h('div', { class: 'q-hint' });
     entry.remoteEl = h('span', { class: 'q-remote', hidden: true, title: 'Someone on another client changed this answer' }, '● live');
@@ -405,7 +424,7 @@ export class InputRequestCard {
       entry.skippedEl.hidden = !skipped;
       entry.control.el.hidden = skipped;
       if (entry.skipBtn) entry.skipBtn.hidden = skipped;
-      if (!entry.dirty && !skipped) {
+      if (!entry.dirty && !skipped && !entry.shared?.active) {
         const before = entry.control.read();
         entry.control.show(a?.value);
         const after = entry.control.read();
@@ -450,6 +469,12 @@ export class InputRequestCard {
   }
 
   onEdit(entry) {
+    if (entry.shared?.active) {
+      // The shared field sends the edit itself.
+      entry.forcedError = null;
+      this.showError(entry);
+      return;
+    }
     entry.dirty = true;
     entry.forcedError = null;
     this.ctx.rejections.delete(`input:${this.requestId}`);

@@ -42,6 +42,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("/markdown.js", "markdown.js", JS),
     asset!("/dom.js", "dom.js", JS),
     asset!("/cards.js", "cards.js", JS),
+    asset!("/coedit.js", "coedit.js", JS),
 ];
 
 /// Register a GET (and HEAD) route per embedded file.

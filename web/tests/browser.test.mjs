@@ -248,6 +248,59 @@ test('two pages share /demo: live drafts, a dropped socket catches up, one submi
   await b.context().close();
 });
 
+test('two pages type into one answer at once: both keep both words, neither caret jumps, each sees the other', async () => {
+  const a = await device(DESKTOP);
+  const b = await device(DESKTOP);
+  await a.goto(BASE);
+  await waitLive(a);
+  await a.click('[data-action="new-session"]');
+  await a.waitForSelector('.composer-input');
+  await b.goto(a.url());
+  await waitLive(b);
+  const spec = { questions: [{ kind: 'text', id: 'notes', message: 'Release notes?' }] };
+  await a.fill('.composer-input', `/ask ${JSON.stringify(spec)}`);
+  await a.press('.composer-input', 'Enter');
+  const field = (p) => q(p, 'notes').locator('input');
+  for (const p of [a, b]) {
+    await p.waitForSelector('.input-card[data-state="open"]');
+    await field(p).click();
+  }
+  // Each sees the other present on the field.
+  for (const p of [a, b]) await q(p, 'notes').locator('.peers .peer').waitFor();
+
+  // Interleaved keystrokes, each typed before the other's arrive.
+  const [wa, wb] = ['alpha beta', 'gamma delta'];
+  for (let i = 0; i < Math.max(wa.length, wb.length); i++) {
+    await Promise.all([
+      wa[i] ? a.keyboard.type(wa[i]) : null,
+      wb[i] ? b.keyboard.type(wb[i]) : null,
+    ]);
+  }
+  const settle = (p) => p.waitForFunction((n) => document.querySelector('.question[data-qid="notes"] input')?.value.length === n, wa.length + wb.length);
+  await settle(a);
+  await settle(b);
+  await a.waitForTimeout(300);
+  const look = (p) => field(p).evaluate((el) => ({ value: el.value, caret: el.selectionStart, focused: document.activeElement === el }));
+  const [la, lb] = [await look(a), await look(b)];
+  assert.equal(la.value, lb.value, 'both pages end with one text');
+  assert.ok(la.value.includes(wa) && la.value.includes(wb), la.value);
+  // Each caret is still where its own typing ended.
+  assert.ok(la.focused && lb.focused);
+  assert.equal(la.caret, la.value.indexOf(wa) + wa.length, `A's caret: ${JSON.stringify(la)}`);
+  assert.equal(lb.caret, lb.value.indexOf(wb) + wb.length, `B's caret: ${JSON.stringify(lb)}`);
+  // The other's caret is drawn over the field with their name.
+  await q(a, 'notes').locator('.peer-caret').waitFor();
+  await shot(a, 'typing-together.png');
+
+  // One submit takes the merged text.
+  await card(a).locator('[data-action="submit"]').click();
+  for (const p of [a, b]) {
+    await p.waitForSelector('.input-card[data-state="settled"]');
+    assert.equal(await card(p).locator('.answer-row dd').first().textContent(), la.value);
+  }
+  for (const p of [a, b]) assert.deepEqual(p.errors, []);
+});
+
 test('URL request with a confirm step; deny with a reason; approve for this session', async () => {
   const p = await device(DESKTOP);
   await p.goto(BASE);
