@@ -6,6 +6,7 @@ import { activityOf } from './reducers.js';
 import { h, setChildren, setText, reconcile } from './dom.js';
 import { renderMarkdown, inline } from './markdown.js';
 import { InputRequestCard, ToolCallCard } from './cards.js';
+import { SharedField } from './coedit.js';
 
 // A server with a secret wants a bearer token on the upgrade; a browser passes
 // it as `?token=…`, taken here from the page's own URL (`/?token=…#/`).
@@ -348,7 +349,7 @@ class ChatView {
       h('div', { class: 'muted' }, 'The scripted agent understands a few commands:'),
       h('div', { class: 'suggestions' }, SUGGESTIONS.map(([text, label]) => h('button', {
         class: 'suggestion', type: 'button', title: text,
-        onclick: () => { this.input.value = text; this.autosize(); this.input.focus(); },
+        onclick: () => { this.input.value = text; this.draftChanged(); this.input.focus(); },
       }, h('code', null, text.split(' ')[0]), h('span', null, label)))));
     this.scrollEl = h('div', { class: 'scroller' }, h('div', { class: 'thread' }, this.emptyEl, this.transcriptEl));
 
@@ -366,8 +367,10 @@ class ChatView {
     this.sendBtn = h('button', { class: 'btn btn-primary btn-send', type: 'submit', 'data-action': 'send' }, 'Send');
     this.stopBtn = h('button', { class: 'btn btn-danger-outline', type: 'button', 'data-action': 'stop', hidden: true, onclick: () => this.stop() }, 'Stop');
     this.composerNote = h('div', { class: 'composer-note muted' });
+    // The chat's draft is shared: everyone on the chat types in one composer text.
+    this.draftPeers = h('div', { class: 'peers composer-peers' });
     this.composer = h('form', { class: 'composer', onsubmit: (e) => { e.preventDefault(); this.send(); } },
-      h('div', { class: 'composer-box' }, this.input, this.stopBtn, this.sendBtn), this.composerNote);
+      h('div', { class: 'composer-box' }, this.input, this.stopBtn, this.sendBtn), this.draftPeers, this.composerNote);
 
     this.el = h('div', { class: 'page chat-page' }, this.scrollEl, this.composer);
     this.onChange = (e) => {
@@ -392,6 +395,10 @@ class ChatView {
       if (!this.chat) throw new Error('the session has no chat');
       await client.subscribe(this.chat);
       if (this.disposed) return;
+      this.draftField ??= new SharedField({
+        client, chat: this.chat, target: { draft: true }, input: this.input, marks: this.draftPeers,
+        onText: () => this.autosize(),
+      });
       this.render();
       this.scrollToBottom(true);
       this.announced.clear();
@@ -499,7 +506,7 @@ class ChatView {
     }
     this.lastSent = text;
     this.input.value = '';
-    this.autosize();
+    this.draftChanged();
     client.dispatch(this.chat, {
       type: 'chat/turnStarted',
       turnId: uuid(),
@@ -527,13 +534,20 @@ class ChatView {
   onRejected({ action }) {
     if (action.type === 'chat/turnStarted' && !this.input.value && this.lastSent === action.message?.text) {
       this.input.value = action.message.text;
-      this.autosize();
+      this.draftChanged();
     }
     this.render();
   }
 
+  /** The composer's text was set here (not typed): share it like typing. */
+  draftChanged() {
+    this.autosize();
+    this.draftField?.typed();
+  }
+
   dispose() {
     this.disposed = true;
+    this.draftField?.close();
     if (this.frame) cancelAnimationFrame(this.frame);
     client.removeEventListener('change', this.onChange);
     client.removeEventListener('missing', this.onMissing);

@@ -292,6 +292,19 @@ test('two pages type into one answer at once: both keep both words, neither care
   await q(a, 'notes').locator('.peer-caret').waitFor();
   await shot(a, 'typing-together.png');
 
+  // The composer is the chat's shared draft: typed in one page, it is in the other's.
+  const draft = (p) => p.locator('.composer-input');
+  await draft(a).click();
+  await a.keyboard.type('ship it');
+  await b.waitForFunction(() => document.querySelector('.composer-input')?.value === 'ship it');
+  await draft(b).click();
+  await b.keyboard.press('End');
+  await b.keyboard.type(' today');
+  await a.waitForFunction(() => document.querySelector('.composer-input')?.value === 'ship it today');
+  await b.keyboard.press('ControlOrMeta+a');
+  await b.keyboard.press('Delete');
+  await a.waitForFunction(() => document.querySelector('.composer-input')?.value === '');
+
   // One submit takes the merged text.
   await card(a).locator('[data-action="submit"]').click();
   for (const p of [a, b]) {
