@@ -298,6 +298,11 @@ export class SharedField {
         const { shown, out: next } = this.editor.rebase(e.data.text, e.data.rev, e.data.taken);
         this.show(shown);
         this.send(next);
+      } else if (e.code === -1 || e.code === -2) {
+        // The connection went (or the answer did not come): send it again,
+        // as it now stands, once there is a connection; it is taken once.
+        const f = this.editor.sent;
+        if (f && f.seq === out.seq) this.send({ seq: f.seq, base: this.editor.rev, op: f.op });
       } else {
         console.warn('edit not taken', e.message);
       }

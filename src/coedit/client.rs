@@ -65,6 +65,9 @@ pub struct TextClient {
     /// Typed since `sent` went, composed into one.
     buffer: Option<TextOp>,
     next_seq: u64,
+    /// The connection `sent` went over was lost: the catch-up sends it
+    /// again (over one connection an edit is in flight once).
+    sent_lost: bool,
 }
 
 impl TextClient {
@@ -80,6 +83,7 @@ impl TextClient {
             sent: None,
             buffer: None,
             next_seq: 1,
+            sent_lost: false,
         }
     }
 
@@ -142,9 +146,16 @@ impl TextClient {
         self.local(TextOp::diff(&self.text, &new))
     }
 
+    /// The connection dropped: the edit in flight may never have arrived,
+    /// so the next catch-up sends it again.
+    pub fn connection_lost(&mut self) {
+        self.sent_lost = self.sent.is_some();
+    }
+
     fn send(&mut self, op: TextOp) -> Outgoing {
         let seq = self.next_seq;
         self.next_seq += 1;
+        self.sent_lost = false;
         self.sent = Some((seq, op.clone()));
         Outgoing {
             seq,
@@ -189,8 +200,11 @@ impl TextClient {
     }
 
     /// Edits the authority published since [`TextClient::rev`] (a
-    /// catch-up), in order; then the edit in flight, if still untaken, is
-    /// sent again.
+    /// catch-up), in order; then the edit in flight, if still untaken and
+    /// sent over a connection that was lost, is sent again (one sent over
+    /// the live connection is still on its way: sending it twice there
+    /// could have an answer about one copy arrive after the other copy
+    /// was taken).
     pub fn catch_up(&mut self, edits: &[Arc<Edit>]) -> Result<Option<Outgoing>, ClientError> {
         let mut next = None;
         for e in edits {
@@ -198,7 +212,10 @@ impl TextClient {
                 next = n;
             }
         }
-        Ok(next.or_else(|| self.in_flight()))
+        if next.is_none() && std::mem::take(&mut self.sent_lost) {
+            next = self.in_flight();
+        }
+        Ok(next)
     }
 
     /// Re-base on the authority's current `text` at `rev` when the edits
