@@ -45,8 +45,18 @@ fn run(what: &str, cmd: &mut Command) {
     );
 }
 
-/// Install Chromium, Node.js and playwright-core when missing.
+/// Install Chromium, Node.js and playwright-core when missing (once for
+/// every test here).
 fn ensure_browser_tools(web_tests: &Path) {
+    static DONE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if !*done {
+        install_browser_tools(web_tests);
+        *done = true;
+    }
+}
+
+fn install_browser_tools(web_tests: &Path) {
     let mut apt: Vec<&str> = Vec::new();
     if !Path::new(CHROMIUM).exists() {
         apt.push("chromium");
@@ -182,4 +192,100 @@ async fn the_web_client_works_in_headless_chromium() {
         "all five browser tests ran:\n{stdout}"
     );
     server.stop().await;
+}
+
+/// The browser's operations (`web/coedit.js`) agree with the server's
+/// (`tandem::coedit`) on many random edits: the same results applied,
+/// transformed, composed, carets moved, and a diff that rebuilds its text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_browsers_text_operations_agree_with_the_servers() {
+    use tandem::coedit::TextOp;
+    let web_tests = repo().join("web/tests");
+    let dir = web_tests.clone();
+    tokio::task::spawn_blocking(move || ensure_browser_tools(&dir))
+        .await
+        .expect("install step");
+    // A small fixed generator: the same cases every run.
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n.max(1) as u64) as usize
+    };
+    let alphabet = ['a', 'b', 'é', '😀', ' '];
+    let text_of = |next: &mut dyn FnMut(usize) -> usize| -> String {
+        (0..next(12))
+            .map(|_| alphabet[next(alphabet.len())])
+            .collect()
+    };
+    let op_on = |text: &str, next: &mut dyn FnMut(usize) -> usize| -> TextOp {
+        let chars: Vec<char> = text.chars().collect();
+        let mut op = TextOp::new();
+        let mut k = 0;
+        while k < chars.len() {
+            let n = (next(3) + 1).min(chars.len() - k);
+            let units: usize = chars[k..k + n].iter().map(|c| c.len_utf16()).sum();
+            match next(4) {
+                0 => {
+                    op.delete(units);
+                }
+                1 => {
+                    op.insert_str(["x", "y😁"][next(2)]);
+                    continue;
+                }
+                _ => {
+                    op.retain(units);
+                }
+            }
+            k += n;
+        }
+        if next(2) == 0 {
+            op.insert_str("z");
+        }
+        op
+    };
+    let mut cases = Vec::new();
+    let mut expected = Vec::new();
+    for _ in 0..400 {
+        let text = text_of(&mut next);
+        let other = text_of(&mut next);
+        let a = op_on(&text, &mut next);
+        let b = op_on(&text, &mut next);
+        let after_a = a.apply_str(&text).expect("a applies");
+        let c = op_on(&after_a, &mut next);
+        let units = text.encode_utf16().count();
+        let carets: Vec<usize> = (0..=units).collect();
+        let (a2, b2) = TextOp::transform(&a, &b).expect("transform");
+        expected.push(serde_json::json!({
+            "applied": after_a,
+            "transformed": [a2, b2],
+            "converged": true,
+            "composed": a.compose(&c).expect("compose"),
+            "carets": carets.iter().map(|i| [a.transform_index(*i, false), a.transform_index(*i, true)]).collect::<Vec<_>>(),
+            "diffed": true,
+        }));
+        cases.push(serde_json::json!({"text": text, "other": other, "a": a, "b": b, "c": c, "carets": carets}));
+    }
+    let scratch = temp_dir("coedit-agree");
+    let file = scratch.join("cases.json");
+    std::fs::write(&file, serde_json::to_vec(&cases).expect("json")).expect("write cases");
+    let out = tokio::process::Command::new("node")
+        .arg("web/tests/coedit-agree.mjs")
+        .arg(&file)
+        .current_dir(repo())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run node");
+    assert!(
+        out.status.success(),
+        "node failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("node's json");
+    assert_eq!(got.len(), expected.len());
+    for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+        assert_eq!(g, e, "case {i}: {}", cases[i]);
+    }
 }
