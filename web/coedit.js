@@ -232,7 +232,12 @@ export class SharedField {
       keyup: () => this.presence(),
       click: () => this.presence(),
       focus: () => this.presence(),
-      blur: () => this.presence('idle'),
+      // Away only when focus went nowhere: a move to another shared field
+      // says where the person is now (presence is one place per page).
+      blur: () => setTimeout(() => {
+        const el = document.activeElement;
+        if (!el || !['INPUT', 'TEXTAREA'].includes(el.tagName)) this.away();
+      }, 0),
     };
     for (const [ev, f] of Object.entries(this.handlers)) input.addEventListener(ev, f);
     this.onEnvelope = (e) => this.envelope(e.detail.envelope);
@@ -338,23 +343,31 @@ export class SharedField {
     this.render();
   }
 
-  presence(state = 'active') {
+  /** Say where this person is in the field (only while it has the focus). */
+  presence() {
     if (!this.active) return;
     clearTimeout(this.presenceTimer);
+    const el = this.input;
+    if (document.activeElement !== el) return;
     const wait = this.lastPresence + PRESENCE_EVERY_MS - Date.now();
     if (wait > 0) {
-      this.presenceTimer = setTimeout(() => this.presence(state), wait);
+      this.presenceTimer = setTimeout(() => this.presence(), wait);
       return;
     }
     this.lastPresence = Date.now();
-    const el = this.input;
-    const focused = document.activeElement === el;
-    const params = { channel: this.chat, target: this.target, rev: this.editor.rev, state: focused ? state : 'idle' };
+    const params = { channel: this.chat, target: this.target, rev: this.editor.rev, state: 'active' };
     // Carets count on the server's text: only a settled editor's caret is exact.
-    if (focused && el.selectionStart != null && this.editor.settled()) {
+    if (el.selectionStart != null && this.editor.settled()) {
       params.caret = { anchor: el.selectionStart, head: el.selectionEnd };
     }
     this.client.request('tandem/setPresence', params).catch(() => {});
+  }
+
+  /** The person left every field: still here, but away. */
+  away() {
+    if (!this.active) return;
+    clearTimeout(this.presenceTimer);
+    this.client.request('tandem/setPresence', { channel: this.chat, target: this.target, state: 'idle' }).catch(() => {});
   }
 
   note({ method, params: p }) {
