@@ -300,6 +300,8 @@ export class SharedField {
       });
     } catch (e) {
       if (e.code === -32011 && e.data) {
+        // An answer about an edit no longer in flight is old news.
+        if (this.editor.sent?.seq !== out.seq) return;
         const { shown, out: next } = this.editor.rebase(e.data.text, e.data.rev, e.data.taken);
         this.show(shown);
         this.send(next);

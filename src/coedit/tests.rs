@@ -280,7 +280,14 @@ enum Up {
 enum Down {
     Edit(Arc<Edit>),
     CatchUp(Vec<Arc<Edit>>),
-    Rebase { text: String, rev: u64, taken: u64 },
+    /// The text to re-base on: the answer to a resume (`seq` none) or to
+    /// edit number `seq`, refused as too old.
+    Rebase {
+        text: String,
+        rev: u64,
+        taken: u64,
+        seq: Option<u64>,
+    },
 }
 
 struct Peer {
@@ -352,10 +359,11 @@ impl World {
     fn send(&mut self, i: usize, out: Option<Outgoing>) {
         if let Some(out) = out {
             let p = &mut self.peers[i];
-            if p.online {
+            if p.online && p.subscribed {
                 p.up.push_back(Up::Edit(out));
             } else {
-                // Offline: it goes out with the catch-up after a reconnect.
+                // Offline, or back but not caught up yet (as a client whose
+                // requests wait for the resume): it goes out after it.
                 p.client.connection_lost();
             }
         }
@@ -425,7 +433,10 @@ impl World {
                 }
                 Ok(Taken::Duplicate) => {}
                 Err(EditError::Behind { .. }) => {
-                    let reply = self.rebase(&author);
+                    let mut reply = self.rebase(&author);
+                    if let Down::Rebase { seq, .. } = &mut reply {
+                        *seq = Some(out.seq);
+                    }
                     self.peers[i].down.push_back(reply);
                 }
                 Err(e) => panic!("refused: {e}"),
@@ -447,6 +458,7 @@ impl World {
             text: self.doc.text(),
             rev: self.doc.rev(),
             taken: self.doc.taken_from(author),
+            seq: None,
         }
     }
 
@@ -462,7 +474,11 @@ impl World {
                 _ => None,
             },
             Down::CatchUp(edits) => c.catch_up(&edits).expect("catch-up"),
-            Down::Rebase { text, rev, taken } => c.rebase(&text, rev, taken).expect("rebase").1,
+            // An answer about an edit no longer in flight is old news.
+            Down::Rebase { seq: Some(s), .. } if c.in_flight().map(|o| o.seq) != Some(s) => None,
+            Down::Rebase {
+                text, rev, taken, ..
+            } => c.rebase(&text, rev, taken).expect("rebase").1,
         };
         self.send(i, out);
     }
@@ -563,6 +579,32 @@ fn an_edit_is_sent_again_after_a_reconnect_only_when_it_may_be_lost() {
         (0, 0, 0, 1),
         (0, 2, 1, 1),
     ];
+    // Typed right after a reconnect, before the resume was answered with a
+    // whole text, then deleted: never published.
+    let early = play(
+        4,
+        2,
+        &[
+            (0, 0, 0, 1),
+            (8, 3, 0, 1),
+            (9, 3, 0, 1),
+            (0, 1, 0, 1),
+            (4, 4, 0, 1),
+            (0, 2, 0, 1),
+            (4, 1, 0, 1),
+            (4, 2, 0, 1),
+            (0, 3, 0, 1),
+            (4, 3, 0, 1),
+            (6, 3, 0, 1),
+            (0, 0, 0, 1),
+            (3, 3, 0, 1),
+        ],
+    );
+    assert!(
+        early.doc.text().chars().all(|c| owner(c) != 3),
+        "{:?}",
+        early.doc.text()
+    );
     // And one typed while offline goes out with the catch-up.
     let offline = play(3, 2, &[(8, 1, 0, 1), (0, 4, 0, 1)]);
     assert_eq!(offline.doc.text().chars().count(), 1);
