@@ -22,4 +22,6 @@ pub use doc::{Edit, EditError, Taken, TextDoc};
 pub use op::{OpError, Step, TextOp};
 
 #[cfg(test)]
+mod sim_tests;
+#[cfg(test)]
 mod tests;

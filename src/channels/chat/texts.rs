@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 
 use super::{find_input, ChatActor};
 use crate::channels::commit::ChannelActor;
+use crate::channels::validate;
 use crate::coedit::{Edit, EditError, Taken, TextDoc, TextOp};
 use crate::protocol::{errors, RpcError};
 
@@ -236,7 +237,7 @@ impl ChatActor {
                     .questions
                     .iter()
                     .flatten()
-                    .find(|q| question_id_of(q) == Some(question_id.as_str()))
+                    .find(|q| validate::question_id(q) == Some(question_id.as_str()))
                     .ok_or_else(|| {
                         RpcError::new(
                             errors::NOT_FOUND,
@@ -370,18 +371,6 @@ impl ChatActor {
             }
         }
     }
-}
-
-/// The id of a question.
-fn question_id_of(q: &ChatInputQuestion) -> Option<&str> {
-    Some(match q {
-        ChatInputQuestion::Text(q) => &q.id,
-        ChatInputQuestion::Number(q) | ChatInputQuestion::Integer(q) => &q.id,
-        ChatInputQuestion::Boolean(q) => &q.id,
-        ChatInputQuestion::SingleSelect(q) => &q.id,
-        ChatInputQuestion::MultiSelect(q) => &q.id,
-        ChatInputQuestion::Unknown(_) => return None,
-    })
 }
 
 /// The text of a text answer, if there is one.
