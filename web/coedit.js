@@ -265,10 +265,18 @@ export class SharedField {
       return; // Not editable together here: whole-text drafts as before.
     }
     const typed = this.input.value;
+    let resend = null;
     if (!this.editor) this.editor = new TextEditor(this.client.clientId, r.text, r.rev);
-    else this.show(this.editor.rebase(r.text, r.rev, r.taken).shown);
+    else {
+      const { shown, out } = this.editor.rebase(r.text, r.rev, r.taken);
+      this.show(shown);
+      resend = out;
+    }
     this.active = true;
-    if (typed !== this.editor.text && typed !== '') {
+    if (resend) {
+      // What was typed here and not taken yet, carried onto the text.
+      this.send(resend);
+    } else if (typed !== this.editor.text && typed !== '') {
       // Typed while the text was being opened: that goes first.
       this.send(this.editor.local(diff(this.editor.text, typed)));
     } else if (typed !== this.editor.text) {
@@ -312,6 +320,13 @@ export class SharedField {
         if (f && f.seq === out.seq) this.send({ seq: f.seq, base: this.editor.rev, op: f.op });
       } else {
         console.warn('edit not taken', e.message);
+        // Whether it was kept is unknown (say, the node that runs the chat
+        // did not answer): re-base on the text as it stands after a pause
+        // (the re-base sends it again unless it was taken). Not for an edit
+        // that is itself refused, nor where editing is not allowed.
+        if (e.code !== -32602 && e.code !== -32009) {
+          setTimeout(() => { if (this.editor?.sent?.seq === out.seq) this.open(); }, 1000);
+        }
       }
     }
   }

@@ -288,11 +288,13 @@ impl ChannelAddr {
     }
 
     /// `tandem/openText`: one of a chat's texts and its revision, for
-    /// `author` to edit. `None` unless this is a chat.
+    /// `author` to edit (`from_node`: another cluster node forwarded it,
+    /// so it is not forwarded again). `None` unless this is a chat.
     pub fn open_text(
         &self,
         target: TextTarget,
         author: String,
+        from_node: bool,
     ) -> Option<impl Future<Output = Result<TextState, RpcError>>> {
         let ChannelAddr::Chat(a) = self else {
             return None;
@@ -301,6 +303,7 @@ impl ChannelAddr {
         a.do_send(OpenText {
             target,
             author,
+            from_node,
             reply,
         });
         Some(async move {
@@ -310,8 +313,9 @@ impl ChannelAddr {
     }
 
     /// `tandem/editText`: `author`'s edit number `seq` on revision `base`;
-    /// resolves with the revision it made, once durable. `None` unless this
-    /// is a chat.
+    /// resolves with the revision it made, once durable (`from_node` as
+    /// for [`Self::open_text`]). `None` unless this is a chat.
+    #[allow(clippy::too_many_arguments)]
     pub fn edit_text(
         &self,
         target: TextTarget,
@@ -319,6 +323,7 @@ impl ChannelAddr {
         seq: u64,
         base: u64,
         op: TextOp,
+        from_node: bool,
     ) -> Option<impl Future<Output = Result<u64, RpcError>>> {
         let ChannelAddr::Chat(a) = self else {
             return None;
@@ -330,6 +335,7 @@ impl ChannelAddr {
             seq,
             base,
             op,
+            from_node,
             reply,
         });
         Some(async move {

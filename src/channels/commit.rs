@@ -333,7 +333,7 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
         ctx.spawn(sent.into_actor(self).map(move |res, act, _| {
             let key = (origin.client_id.clone(), origin.client_seq);
             let refused = match res.map(|b| ForwardReply::decode(&b)) {
-                Ok(ForwardReply::Done) => {
+                Ok(ForwardReply::Done | ForwardReply::Value { .. }) => {
                     let forwarded = &mut act.parts().0.forwarded;
                     if let Some(f) = forwarded.get_mut(&key) {
                         f.answered = true;

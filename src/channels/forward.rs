@@ -5,6 +5,8 @@
 use ahp_types::actions::{ActionOrigin, StateAction};
 use serde::{Deserialize, Serialize};
 
+use crate::channels::chat::TextTarget;
+use crate::coedit::TextOp;
 use crate::protocol::RpcError;
 
 /// A request forwarded to the owner of a channel.
@@ -48,6 +50,31 @@ pub enum ForwardRequest {
         /// Session URI.
         session: String,
     },
+    /// `tandem/openText` on `channel` (a chat) for `author`.
+    OpenText {
+        /// Chat URI.
+        channel: String,
+        /// Which text.
+        target: TextTarget,
+        /// The editor (its connection's client id).
+        author: String,
+    },
+    /// `tandem/editText` on `channel` (a chat): `author`'s edit `seq`
+    /// made on revision `base`.
+    EditText {
+        /// Chat URI.
+        channel: String,
+        /// Which text.
+        target: TextTarget,
+        /// The editor.
+        author: String,
+        /// The editor's number for the edit.
+        seq: u64,
+        /// The revision it was made on.
+        base: u64,
+        /// The edit.
+        edit: TextOp,
+    },
 }
 
 /// The owner's answer.
@@ -67,9 +94,17 @@ pub enum ForwardReply {
         code: i32,
         /// Why.
         message: String,
+        /// The error's data, if it has some.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<serde_json::Value>,
     },
     /// This node does not own the channel (any more).
     NotOwner,
+    /// The request's result.
+    Value {
+        /// What the owner answered.
+        value: serde_json::Value,
+    },
 }
 
 impl ForwardRequest {
@@ -98,32 +133,110 @@ impl ForwardReply {
 
     /// An answer off the wire (one that does not decode is a failure).
     pub fn decode(body: &[u8]) -> Self {
-        serde_json::from_slice(body).unwrap_or_else(|e| ForwardReply::Failed {
-            code: crate::protocol::errors::INTERNAL_ERROR,
-            message: format!("the owner's answer does not decode: {e}"),
+        serde_json::from_slice(body).unwrap_or_else(|e| {
+            ForwardReply::failed(RpcError::internal(format!(
+                "the owner's answer does not decode: {e}"
+            )))
         })
+    }
+
+    /// A failed request's answer.
+    pub fn failed(e: RpcError) -> Self {
+        ForwardReply::Failed {
+            code: e.code,
+            message: e.message,
+            data: e.data.map(|d| *d),
+        }
     }
 
     /// A request's outcome as an answer.
     pub fn of(res: Result<(), RpcError>) -> Self {
         match res {
             Ok(()) => ForwardReply::Done,
-            Err(e) => ForwardReply::Failed {
-                code: e.code,
-                message: e.message,
-            },
+            Err(e) => ForwardReply::failed(e),
+        }
+    }
+
+    /// A request's result as an answer.
+    pub fn of_value<T: Serialize>(res: Result<T, RpcError>) -> Self {
+        match res
+            .and_then(|v| serde_json::to_value(v).map_err(|e| RpcError::internal(e.to_string())))
+        {
+            Ok(value) => ForwardReply::Value { value },
+            Err(e) => ForwardReply::failed(e),
         }
     }
 
     /// The answer as a request's outcome.
     pub fn into_result(self) -> Result<(), RpcError> {
+        self.into_value().map(|_| ())
+    }
+
+    /// The answer as a request's result (`Done` is `null`).
+    pub fn into_value(self) -> Result<serde_json::Value, RpcError> {
         match self {
-            ForwardReply::Done => Ok(()),
+            ForwardReply::Done => Ok(serde_json::Value::Null),
+            ForwardReply::Value { value } => Ok(value),
             ForwardReply::Rejected { reason } => Err(RpcError::invalid_request(reason)),
-            ForwardReply::Failed { code, message } => Err(RpcError::new(code, message)),
+            ForwardReply::Failed {
+                code,
+                message,
+                data,
+            } => Err(match data {
+                Some(d) => RpcError::new(code, message).with_data(d),
+                None => RpcError::new(code, message),
+            }),
             ForwardReply::NotOwner => Err(RpcError::internal(
                 "the channel is changing hands between nodes; try again",
             )),
         }
+    }
+
+    /// The answer as a request's result of type `T`.
+    pub fn into_typed<T: serde::de::DeserializeOwned>(self) -> Result<T, RpcError> {
+        let value = self.into_value()?;
+        serde_json::from_value(value)
+            .map_err(|e| RpcError::internal(format!("the owner's answer does not decode: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn text_requests_and_answers_cross_the_link_whole() {
+        let edit = ForwardRequest::EditText {
+            channel: "ahp-chat:/c".into(),
+            target: TextTarget::Draft { draft: true },
+            author: "ann".into(),
+            seq: 3,
+            base: 7,
+            edit: serde_json::from_value(json!([2, "ab", -1])).unwrap(),
+        };
+        let back = ForwardRequest::decode(&edit.encode()).unwrap();
+        assert_eq!(
+            serde_json::to_value(&back).unwrap(),
+            serde_json::to_value(&edit).unwrap()
+        );
+
+        let conflict = RpcError::new(crate::protocol::errors::CONFLICT, "re-base")
+            .with_data(json!({"text": "abc", "rev": 9, "taken": 2}));
+        let answer = ForwardReply::decode(&ForwardReply::failed(conflict).encode());
+        let e = answer.into_value().unwrap_err();
+        assert_eq!(e.code, crate::protocol::errors::CONFLICT);
+        assert_eq!(
+            e.data.as_deref(),
+            Some(&json!({"text": "abc", "rev": 9, "taken": 2}))
+        );
+
+        let rev = ForwardReply::decode(&ForwardReply::of_value(Ok(12u64)).encode());
+        assert_eq!(rev.into_typed::<u64>().unwrap(), 12);
+        // A plain refusal carries no data.
+        let refused = ForwardReply::of(Err(RpcError::invalid_request("settled")));
+        assert!(!String::from_utf8(refused.encode())
+            .unwrap()
+            .contains("data"));
     }
 }

@@ -12,6 +12,7 @@ use crate::channels::context::Shared;
 use crate::channels::forward::{ForwardReply, ForwardRequest};
 use crate::channels::{Channel, ChannelAddr};
 use crate::ids::ChannelUri;
+use crate::protocol::RpcError;
 use crate::store::cluster::{ClusterEvent, LinkFuture};
 use crate::store::ChannelKind;
 
@@ -102,15 +103,12 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
         |r: ForwardReply| -> LinkFuture<Vec<u8>> { Box::pin(std::future::ready(r.encode())) };
     let request = match ForwardRequest::decode(body) {
         Ok(r) => r,
-        Err(message) => {
-            return ready(ForwardReply::Failed {
-                code: crate::protocol::errors::INVALID_REQUEST,
-                message,
-            })
-        }
+        Err(message) => return ready(ForwardReply::failed(RpcError::invalid_request(message))),
     };
     let channel = match &request {
-        ForwardRequest::Dispatch { channel, .. } => channel.clone(),
+        ForwardRequest::Dispatch { channel, .. }
+        | ForwardRequest::OpenText { channel, .. }
+        | ForwardRequest::EditText { channel, .. } => channel.clone(),
         ForwardRequest::CreateChat { session, .. }
         | ForwardRequest::DisposeChat { session, .. }
         | ForwardRequest::DisposeSession { session }
@@ -154,6 +152,23 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
             Box::pin(async move { ForwardReply::of(done.await).encode() })
         }
         ForwardRequest::Handoff { .. } => hand_over(shared, target),
+        ForwardRequest::OpenText {
+            target: t, author, ..
+        } => match target.addr.open_text(t, author, true) {
+            Some(done) => Box::pin(async move { ForwardReply::of_value(done.await).encode() }),
+            None => ready(ForwardReply::failed(super::routes::no_chat(&target.uri))),
+        },
+        ForwardRequest::EditText {
+            target: t,
+            author,
+            seq,
+            base,
+            edit,
+            ..
+        } => match target.addr.edit_text(t, author, seq, base, edit, true) {
+            Some(done) => Box::pin(async move { ForwardReply::of_value(done.await).encode() }),
+            None => ready(ForwardReply::failed(super::routes::no_chat(&target.uri))),
+        },
     }
 }
 
@@ -168,10 +183,9 @@ fn hand_over(shared: &Arc<Shared>, session: Channel) -> LinkFuture<Vec<u8>> {
         .and_then(|p| shared.providers.get(p))
         .is_some_and(|a| a.pinned_here());
     let Some(link) = shared.cluster.clone().filter(|_| !pinned) else {
-        let refused = ForwardReply::Failed {
-            code: crate::protocol::errors::INVALID_REQUEST,
-            message: "the session's agent is connected to this node too".into(),
-        };
+        let refused = ForwardReply::failed(RpcError::invalid_request(
+            "the session's agent is connected to this node too",
+        ));
         return Box::pin(std::future::ready(refused.encode()));
     };
     let mut channels: Vec<Channel> = shared

@@ -76,7 +76,11 @@ impl Connection {
     ) -> Result<(), RpcError> {
         self.may_edit(&p.channel)?;
         let author = self.author()?;
-        let opened = self.ask(&p.channel, |c| c.open_text(p.target, author), no_chat)?;
+        let opened = self.ask(
+            &p.channel,
+            |c| c.open_text(p.target, author, false),
+            no_chat,
+        )?;
         self.reply_when(id, opened, ctx, |state| {
             serde_json::to_value(state).unwrap_or_default()
         });
@@ -112,7 +116,7 @@ impl Connection {
                 limits.dispatches_per_sec, limits.dispatch_bytes_per_sec
             )));
         }
-        let edit = |c: &ChannelAddr| c.edit_text(p.target, author, p.seq, p.base, p.op);
+        let edit = |c: &ChannelAddr| c.edit_text(p.target, author, p.seq, p.base, p.op, false);
         let edited = self.ask(&p.channel, edit, no_chat)?;
         self.reply_when(id, edited, ctx, |rev| json!({ "rev": rev }));
         Ok(())

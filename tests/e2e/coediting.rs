@@ -21,6 +21,8 @@ struct Editor {
     caret: usize,
     chat: String,
     target: Value,
+    /// The number of the last edit sent.
+    seq: u64,
 }
 
 impl Editor {
@@ -47,11 +49,13 @@ impl Editor {
             text,
             chat: chat.to_owned(),
             target,
+            seq: 0,
         }
     }
 
-    async fn send(&self, out: Option<Outgoing>) {
+    async fn send(&mut self, out: Option<Outgoing>) {
         let Some(out) = out else { return };
+        self.seq = self.seq.max(out.seq);
         let reply: Value = self
             .c
             .client
@@ -511,4 +515,102 @@ async fn everyone_on_a_chat_sees_who_is_where_and_who_left() {
         .await;
     let err = format!("{:?}", r.expect_err("unknown state"));
     assert!(err.contains("-32602"), "{err}");
+}
+
+/// On a cluster, an editor connected to a node that follows the chat types
+/// through the node that runs it (its requests are forwarded, its edits
+/// come back as the chat's other batches do); when that node dies, the node
+/// that takes the chat over carries the text on from the revision and the
+/// editors' last edit numbers the store holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editors_on_two_cluster_nodes_type_together_and_go_on_after_the_owner_dies() {
+    let nats = common::nats::NatsServer::start();
+    let dir = temp_dir("coedit-cluster");
+    let mut na = common::nats::node(&dir, &nats, "a");
+    let nb = common::nats::node(&dir, &nats, "b");
+    let a = na.client("ann").await;
+    let b = nb.client("bob").await;
+    let (_session, chat) = a.create_session().await;
+    eventually("node b knows the chat", || async {
+        let r: Result<Value, _> = b
+            .client
+            .request("subscribe", json!({"channel": chat}))
+            .await;
+        r.ok()
+    })
+    .await;
+    let target = json!({"draft": true});
+    let mut a = Editor::open(a, &chat, target.clone()).await;
+    let mut b = Editor::open(b, &chat, target.clone()).await;
+
+    let (wa, wb) = ("ship it ", "after lunch ");
+    let (ca, cb): (Vec<char>, Vec<char>) = (wa.chars().collect(), wb.chars().collect());
+    for i in 0..ca.len().max(cb.len()) {
+        if let Some(ch) = ca.get(i) {
+            a.type_str(&ch.to_string()).await;
+        }
+        if let Some(ch) = cb.get(i) {
+            b.type_str(&ch.to_string()).await;
+        }
+    }
+    a.until(|e| e.text.settled()).await;
+    b.until(|e| e.text.settled()).await;
+    let final_rev = a.text.rev().max(b.text.rev());
+    a.until(|e| e.text.rev() == final_rev).await;
+    b.until(|e| e.text.rev() == final_rev).await;
+    let merged = a.text.text();
+    assert_eq!(b.text.text(), merged, "editors on both nodes converge");
+    assert!(
+        merged.contains(wa.trim_end()) && merged.contains(wb.trim_end()),
+        "{merged:?}"
+    );
+    assert_eq!(
+        b.mirror_draft(),
+        merged,
+        "b's subscribers see the merged draft"
+    );
+
+    // A stale base through the follower: the owner's answer comes back
+    // with its data, the text to re-base on.
+    let stale: Result<Value, _> =
+        b.c.client
+            .request(
+                "tandem/editText",
+                json!({"channel": chat, "target": target, "base": 1, "seq": 99, "op": ["x"]}),
+            )
+            .await;
+    let err = format!("{:?}", stale.expect_err("stale base"));
+    assert!(err.contains("-32011") && err.contains("re-base"), "{err}");
+    assert!(
+        err.contains(merged.trim_end()),
+        "the error carries the text: {err}"
+    );
+
+    // The owner dies; b takes the chat over and its texts go on from the
+    // revision and edit numbers the store holds.
+    na.kill();
+    let opened: Value = eventually("node b runs the chat", || async {
+        let r: Result<Value, _> =
+            b.c.client
+                .request(
+                    "tandem/openText",
+                    json!({"channel": chat, "target": target}),
+                )
+                .await;
+        r.ok()
+    })
+    .await;
+    assert_eq!(opened["text"], merged);
+    assert_eq!(
+        opened["rev"].as_u64(),
+        Some(b.text.rev()),
+        "the revision goes on where it was"
+    );
+    assert_eq!(opened["taken"], b.seq, "b's last edit is known taken");
+    b.caret = b.text.units().len();
+    b.type_str("!").await;
+    b.until(|e| e.text.settled()).await;
+    let expected = format!("{merged}!");
+    assert_eq!(b.text.text(), expected);
+    b.until(|e| e.mirror_draft() == expected).await;
 }

@@ -323,6 +323,7 @@ impl ChannelActor for ChatActor {
     }
 
     fn promoted(&mut self, ctx: &mut Context<Self>) {
+        self.texts_promoted();
         self.crashed_turn = false;
         self.reported_status = self.state.status;
         self.rollup = rollup::open_items(&self.core.uri, &self.state);

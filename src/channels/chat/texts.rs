@@ -18,12 +18,14 @@ use ahp_types::state::{
     ChatInputAnswer, ChatInputAnswerValue, ChatInputAnswered, ChatInputQuestion,
     ChatInputTextAnswerValue, Message, MessageKind, MessageOrigin,
 };
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::{find_input, ChatActor};
 use crate::channels::commit::ChannelActor;
+use crate::channels::forward::{ForwardReply, ForwardRequest};
 use crate::channels::validate;
 use crate::coedit::{Edit, EditError, Taken, TextDoc, TextOp};
 use crate::protocol::{errors, RpcError};
@@ -60,7 +62,7 @@ pub enum TextTarget {
 }
 
 /// A text as `tandem/openText` answers it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TextState {
     /// The text now.
@@ -79,6 +81,9 @@ pub struct OpenText {
     pub target: TextTarget,
     /// The editor (the connection's client id).
     pub author: String,
+    /// Forwarded by another cluster node (a follower does not forward it
+    /// again).
+    pub from_node: bool,
     pub reply: oneshot::Sender<Result<TextState, RpcError>>,
 }
 
@@ -92,6 +97,8 @@ pub struct EditText {
     pub seq: u64,
     pub base: u64,
     pub op: TextOp,
+    /// Forwarded by another cluster node.
+    pub from_node: bool,
     /// The revision it made, once durable.
     pub reply: oneshot::Sender<Result<u64, RpcError>>,
 }
@@ -179,6 +186,11 @@ impl ChatActor {
     /// edit numbers back, with no edits kept (editors on an older revision
     /// re-base).
     pub fn with_text_marks(mut self, marks: TextMarks) -> Self {
+        self.restore_texts(marks);
+        self
+    }
+
+    fn restore_texts(&mut self, marks: TextMarks) {
         let max = self.core.shared.config.limits.max_answer_chars;
         for (target, (rev, taken)) in marks {
             if let Ok(text) = self.editable_text(&target) {
@@ -186,7 +198,6 @@ impl ChatActor {
                 self.texts.insert(target, doc);
             }
         }
-        self
     }
 
     /// The state as a snapshot stores it, with the edited texts' marks
@@ -390,7 +401,15 @@ fn answer_text(
 impl Handler<OpenText> for ChatActor {
     type Result = ();
 
-    fn handle(&mut self, msg: OpenText, _: &mut Self::Context) {
+    fn handle(&mut self, msg: OpenText, ctx: &mut Self::Context) {
+        if self.core.follower && !msg.from_node {
+            let request = ForwardRequest::OpenText {
+                channel: self.core.uri.to_string(),
+                target: msg.target,
+                author: msg.author,
+            };
+            return self.forward_text(ctx, request, msg.reply);
+        }
         let answer = if self.core.follower {
             Err(follower())
         } else {
@@ -414,8 +433,20 @@ impl Handler<EditText> for ChatActor {
             seq,
             base,
             op,
+            from_node,
             reply,
         } = msg;
+        if self.core.follower && !from_node {
+            let request = ForwardRequest::EditText {
+                channel: self.core.uri.to_string(),
+                target,
+                author,
+                seq,
+                base,
+                edit: op,
+            };
+            return self.forward_text(ctx, request, reply);
+        }
         if self.core.follower {
             let _ = reply.send(Err(follower()));
             return;
@@ -477,8 +508,60 @@ impl Handler<EditText> for ChatActor {
     }
 }
 
+impl ChatActor {
+    /// Hand a text request to the node that runs the chat (this node
+    /// follows it); its answer, or why none came, goes to `reply`. The
+    /// edits it makes reach this node's subscribers as the chat's other
+    /// batches do, read back from the shared journal.
+    fn forward_text<T: DeserializeOwned + Send + 'static>(
+        &mut self,
+        ctx: &mut Context<Self>,
+        request: ForwardRequest,
+        reply: oneshot::Sender<Result<T, RpcError>>,
+    ) {
+        let Some(link) = self.core.shared.cluster.clone() else {
+            let _ = reply.send(Err(follower()));
+            return;
+        };
+        let sent = link.forward(&self.core.uri, request.encode());
+        ctx.spawn(
+            async move {
+                let answer = match sent.await {
+                    Ok(body) => ForwardReply::decode(&body).into_typed(),
+                    Err(e) => Err(RpcError::internal(format!(
+                        "the node that runs the chat did not answer: {e}"
+                    ))),
+                };
+                let _ = reply.send(answer);
+            }
+            .into_actor(self),
+        );
+    }
+
+    /// This node runs the chat now (it took it over from a node that went
+    /// away): its texts carry on from the revisions and editors' last edit
+    /// numbers the store holds, so an edit the old owner kept is not taken
+    /// twice when its editor re-bases.
+    pub(super) fn texts_promoted(&mut self) {
+        self.texts.clear();
+        match self.core.shared.journal.load_channel(&self.core.uri) {
+            Ok(Some(c)) => {
+                let marks = text_marks(c.snapshot.as_ref().map(|s| &*s.state), &c.tail);
+                self.restore_texts(marks);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                // Editors on the old owner's revisions re-base on new ones.
+                tracing::warn!(chat = %self.core.uri, error = %e, "edited texts start again: the store cannot be read");
+            }
+        }
+    }
+}
+
 fn follower() -> RpcError {
-    not_editable("this node follows the chat for another node of the cluster: edit through a connection to the node that runs it")
+    not_editable(
+        "this node follows the chat for another node of the cluster, and no link to it is open",
+    )
 }
 
 #[cfg(test)]
