@@ -342,8 +342,16 @@ export class SharedField {
       return;
     }
     if (!r) return;
-    if ('acked' in r) this.send(r.acked);
-    else this.show(r.remote);
+    // Others' carets on the revision before this edit move with it.
+    for (const o of this.others.values()) {
+      if (o.caret && o.rev === a.rev - 1) Object.assign(o, { caret: mapCaret(a.op, o.caret, false), rev: a.rev });
+    }
+    if ('acked' in r) {
+      this.send(r.acked);
+      // Everything typed here is taken: the caret is exact now.
+      if (!r.acked) this.presence();
+      this.render();
+    } else this.show(r.remote);
   }
 
   /** Show what others did (`op`) without moving this person's caret. */
@@ -355,7 +363,6 @@ export class SharedField {
     if (s != null && document.activeElement === el) {
       try { el.setSelectionRange(transformIndex(op, s, true), transformIndex(op, e, true), d ?? 'none'); } catch { /* not selectable */ }
     }
-    for (const o of this.others.values()) if (o.caret) o.caret = mapCaret(op, o.caret, false);
     this.onText?.();
     this.render();
   }
@@ -391,30 +398,34 @@ export class SharedField {
     if (method !== 'tandem/presence' || p?.channel !== this.chat || p.clientId === this.client.clientId) return;
     if (p.state === 'gone' || !sameTarget(p.target, this.target)) this.others.delete(p.clientId);
     else {
-      const caret = p.caret && this.editor && p.rev === this.editor.rev ? p.caret : null;
-      this.others.set(p.clientId, { name: p.subject && p.subject !== 'local' ? p.subject : `guest ${p.clientId.replace(/^web-/, '').slice(0, 4)}`, caret, state: p.state });
+      // A caret counts on the text at `rev`: drawn while this page is at
+      // that revision too (one ahead of here is drawn once it catches up).
+      const name = p.subject && p.subject !== 'local' ? p.subject : `guest ${p.clientId.replace(/^web-/, '').slice(0, 4)}`;
+      this.others.set(p.clientId, { name, caret: p.caret ?? null, rev: p.rev, state: p.state });
     }
     this.render();
   }
 
-  /** Others on this text: a chip each, and their caret over a one-line field. */
+  /** Others on this text: a chip each, and their named caret over the field. */
   render() {
     if (!this.marks) return;
     this.marks.replaceChildren();
     const el = this.input;
     for (const [id, o] of this.others) {
-      const where = o.caret ? (o.caret.anchor === o.caret.head ? `at ${o.caret.head}` : `${Math.min(o.caret.anchor, o.caret.head)}–${Math.max(o.caret.anchor, o.caret.head)}`) : '';
+      const here = o.caret && o.state === 'active' && o.rev === this.editor?.rev;
+      const where = here ? (o.caret.anchor === o.caret.head ? `at ${o.caret.head}` : `${Math.min(o.caret.anchor, o.caret.head)}–${Math.max(o.caret.anchor, o.caret.head)}`) : '';
       const chipEl = document.createElement('span');
       chipEl.className = `peer peer-${o.state}`;
       chipEl.dataset.client = id;
       chipEl.textContent = `${o.name}${o.state === 'idle' ? ' (away)' : ''}${where ? ` · ${where}` : ''}`;
       this.marks.append(chipEl);
-      if (o.caret && el.tagName === 'INPUT' && o.state === 'active') {
+      const box = here ? caretBox(el, o.caret.head) : null;
+      if (box) {
         const bar = document.createElement('span');
         bar.className = 'peer-caret';
         bar.dataset.client = id;
         bar.title = o.name;
-        bar.style.left = `${caretX(el, o.caret.head)}px`;
+        Object.assign(bar.style, { left: `${box.x}px`, top: `${box.y}px`, height: `${box.h}px` });
         bar.textContent = o.name;
         this.marks.append(bar);
       }
@@ -426,14 +437,38 @@ function mapCaret(op, c, own) {
   return { anchor: transformIndex(op, c.anchor, own), head: transformIndex(op, c.head, own) };
 }
 
-let measurer;
-/** The x offset, inside `input`'s box, of the caret before unit `i`. */
-function caretX(input, i) {
-  measurer ??= Object.assign(document.createElement('span'), { style: 'position:absolute;visibility:hidden;white-space:pre;left:-9999px;top:0' });
-  if (!measurer.isConnected) document.body.append(measurer);
-  const cs = getComputedStyle(input);
-  measurer.style.font = cs.font;
-  measurer.style.letterSpacing = cs.letterSpacing;
-  measurer.textContent = input.value.slice(0, i);
-  return input.offsetLeft + parseFloat(cs.paddingLeft) + parseFloat(cs.borderLeftWidth) + measurer.getBoundingClientRect().width - input.scrollLeft;
+let mirror;
+/**
+ * Where the caret before unit `i` of field `el` is drawn, in the box of
+ * `el`'s offset parent (where the marks are placed too): `{x, y, h}`, or
+ * null when it is scrolled out of sight. A hidden copy of the field with
+ * the same font, padding and width lays out the text up to `i` (wrapped as
+ * a <textarea> wraps it) and a marker after it gives the spot.
+ */
+function caretBox(el, i) {
+  mirror ??= document.createElement('div');
+  if (!mirror.isConnected) document.body.append(mirror);
+  const cs = getComputedStyle(el);
+  const one = el.tagName === 'INPUT';
+  const px = (v) => parseFloat(v) || 0;
+  const style = mirror.style;
+  style.cssText = 'position:absolute;visibility:hidden;top:0;left:-9999px;overflow:hidden;box-sizing:border-box';
+  for (const k of ['font', 'letterSpacing', 'wordSpacing', 'textTransform', 'textIndent', 'tabSize', 'lineHeight',
+    'paddingTop', 'paddingRight', 'paddingBottom', 'paddingLeft',
+    'borderTopWidth', 'borderRightWidth', 'borderBottomWidth', 'borderLeftWidth', 'borderStyle']) style[k] = cs[k];
+  style.whiteSpace = one ? 'pre' : 'pre-wrap';
+  style.overflowWrap = 'break-word';
+  // A <textarea> wraps inside its client width (without its scroll bar).
+  style.width = one ? 'auto' : `${el.clientWidth + px(cs.borderLeftWidth) + px(cs.borderRightWidth)}px`;
+  mirror.textContent = el.value.slice(0, i);
+  const mark = document.createElement('span');
+  mark.textContent = '\u200b';
+  mirror.append(mark);
+  const x = el.offsetLeft + mark.offsetLeft - el.scrollLeft;
+  if (one) return { x, y: el.offsetTop + 2, h: el.offsetHeight - 4 };
+  const y = el.offsetTop + mark.offsetTop - el.scrollTop;
+  const h = mark.offsetHeight || px(cs.lineHeight) || 18;
+  const top = el.offsetTop + px(cs.borderTopWidth);
+  if (y < top - 1 || y + h > top + el.clientHeight + 1) return null;
+  return { x, y, h };
 }

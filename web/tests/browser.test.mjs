@@ -301,6 +301,26 @@ test('two pages type into one answer at once: both keep both words, neither care
   await b.keyboard.press('End');
   await b.keyboard.type(' today');
   await a.waitForFunction(() => document.querySelector('.composer-input')?.value === 'ship it today');
+  // B's caret is drawn in A's composer (a <textarea>) at the end of its
+  // text, and a line lower once B starts a second line.
+  const peerCaret = (p) => p.waitForFunction(() => {
+    const bar = document.querySelector('.composer-peers .peer-caret');
+    const box = document.querySelector('.composer-input').getBoundingClientRect();
+    if (!bar) return null;
+    const r = bar.getBoundingClientRect();
+    return r.left > box.left + 20 && r.left <= box.right && r.top >= box.top - 1 && r.bottom <= box.bottom + 1
+      ? { left: r.left - box.left, top: r.top - box.top, name: bar.title } : null;
+  }).then((h) => h.jsonValue());
+  const first = await peerCaret(a);
+  await b.keyboard.press('Shift+Enter');
+  await b.keyboard.type('x');
+  await a.waitForFunction(() => document.querySelector('.composer-input')?.value === 'ship it today\nx');
+  await a.waitForFunction((top) => {
+    const bar = document.querySelector('.composer-peers .peer-caret');
+    const box = document.querySelector('.composer-input').getBoundingClientRect();
+    return bar && bar.getBoundingClientRect().top - box.top > top + 8;
+  }, first.top);
+  await shot(a, 'typing-together-composer.png');
   await b.keyboard.press('ControlOrMeta+a');
   await b.keyboard.press('Delete');
   await a.waitForFunction(() => document.querySelector('.composer-input')?.value === '');
