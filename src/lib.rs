@@ -14,6 +14,7 @@
 //! | [`providers`] | agents behind the host (implementing `channels::agent`): provider connections, the built-in `scripted` agent, operator-declared ACP agents (`providers::acp`: the process, the update mapping, permissions) |
 //! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, the socket's reader and writer, `/healthz`, the embedded browser client (`web/`) at `/`; the transport's own tables (tokens, open connections, rate buckets); a cluster node's part in the cluster (`server::cluster`) |
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
+//! | [`metrics`] | what `/metrics` exports: every series registered once on the server's own recorder, counted through handles |
 //! | [`config`] | tunables and limits |
 //! | [`rate`] | token buckets: dispatches per connection, bytes of actions per subject |
 //! | [`ids`] | the newtypes every layer passes around: `ChannelUri`, `ClientId`, `ServerSeq`, `JournalPos`, `ConnId` (the wire sees their inner values) |
@@ -25,9 +26,10 @@
 //! nothing of the crate:
 //!
 //! ```text
-//! server    ──► providers, channels, coedit, interactions, publish, store, protocol, auth, rate, config
+//! server    ──► providers, channels, metrics, coedit, interactions, publish, store, protocol, auth, rate, config
 //! providers ──► channels, interactions, publish, store, protocol, auth, config, time
-//! channels  ──► coedit, interactions, publish, store, protocol, auth, config, time
+//! channels  ──► metrics, coedit, interactions, publish, store, protocol, auth, config, time
+//! metrics   ──► publish, store
 //! rate      ──► config ──► store
 //! interactions, publish, store, protocol, auth, time, coedit: nothing above them
 //! ids: nothing (the bottom layer)
@@ -50,6 +52,7 @@ pub mod config;
 pub mod ids;
 pub mod interactions;
 pub mod memory;
+pub mod metrics;
 pub mod protocol;
 pub mod providers;
 pub mod publish;

@@ -52,6 +52,10 @@ pub trait Agent: Send + Sync + 'static {
     fn pinned_here(&self) -> bool {
         false
     }
+    /// Agent processes this agent runs on this node now (`/metrics`).
+    fn processes(&self) -> usize {
+        0
+    }
     /// Session config properties the agent adds to each of its sessions
     /// (it applies their values itself, e.g. at the next turn).
     fn config_properties(&self) -> Vec<(String, SessionConfigPropertySchema)> {

@@ -555,6 +555,8 @@ fn publish_all<A: ChannelActor>(
     done: Option<Done>,
 ) {
     let core = act.parts().0;
+    let from_connections = batch.iter().filter(|a| a.origin.is_some()).count();
+    core.shared.metrics.accepted(batch.len(), from_connections);
     let published = batch
         .into_iter()
         .filter_map(|a| {

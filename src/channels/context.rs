@@ -24,6 +24,8 @@ pub struct Shared {
     pub config: Config,
     /// `serverSeq`, replay ring, ordered fan-out.
     pub publisher: Publisher,
+    /// What `/metrics` exports.
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Channel URI → actor.
     pub registry: Registry,
     /// Durable action log.
@@ -54,6 +56,8 @@ impl Shared {
         arbiters: Vec<ArbiterHandle>,
         start_seq: ServerSeq,
     ) -> Result<Self, SeqRefused> {
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        journal.observe_commits(metrics.commits());
         let reserving = journal.clone();
         let publisher = Publisher::with_reserver(
             start_seq,
@@ -64,12 +68,14 @@ impl Shared {
                     .reserve_seq(next, count)
                     .map_err(|e| e.to_string())
             }),
-        );
+        )
+        .with_deliveries(metrics.deliveries.clone());
         if journal.shared_seq() {
             publisher.fresh_block()?;
         }
         Ok(Self {
             publisher,
+            metrics,
             config,
             registry: Registry::default(),
             journal,

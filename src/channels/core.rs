@@ -142,6 +142,7 @@ impl ChannelCore {
         reason: &str,
     ) {
         tracing::debug!(channel = %self.uri, client = %origin.client_id, reason, "action rejected");
+        self.shared.metrics.rejected(reason);
         let conn = match conn {
             Dispatcher::Conn(c) => c,
             Dispatcher::Forwarded(reply) => return reply.answer(Err(reason.to_owned())),

@@ -169,6 +169,17 @@ impl Providers {
         self.agents.insert(agent.info().provider, agent);
     }
 
+    /// Agents connected over AHP now, and agent processes running.
+    pub fn alive(&self) -> (usize, usize) {
+        let connected = self
+            .remotes
+            .iter()
+            .filter(|r| r.value().pinned_here())
+            .count();
+        let processes = self.agents.iter().map(|a| a.value().processes()).sum();
+        (connected, processes)
+    }
+
     /// Look an agent up.
     pub fn get(&self, provider: &str) -> Option<Arc<dyn Agent>> {
         self.agents.get(provider).map(|a| a.clone())

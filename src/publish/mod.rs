@@ -159,6 +159,9 @@ pub struct Publisher {
     /// before the oldest kept envelope gets snapshots instead.
     ring_bytes_limit: usize,
     reserver: Reserver,
+    /// Counts every envelope pushed (`tandem_deliveries_total`): one add
+    /// per action, by its number of receivers.
+    deliveries: metrics::Counter,
 }
 
 impl Publisher {
@@ -192,7 +195,14 @@ impl Publisher {
             ring_len,
             ring_bytes_limit: ring_bytes,
             reserver,
+            deliveries: metrics::Counter::noop(),
         }
+    }
+
+    /// Count deliveries on `counter`.
+    pub fn with_deliveries(mut self, counter: metrics::Counter) -> Self {
+        self.deliveries = counter;
+        self
     }
 
     /// Bytes of envelopes held for replay.
@@ -340,10 +350,12 @@ impl Publisher {
         // every connection); written once it is released.
         let subs = hub.current();
         let mut origin_delivered = false;
+        let mut delivered = 0u64;
         for s in subs.iter() {
             if unscoped_only && s.is_scoped() {
                 continue;
             }
+            delivered += 1;
             match origin_conn {
                 Some(o) if o.id() == s.id() => {
                     origin_delivered = true;
@@ -354,6 +366,7 @@ impl Publisher {
         }
         let origin = origin_conn.filter(|_| !origin_delivered);
         if let Some(o) = origin {
+            delivered += 1;
             o.push_deferred(Push::Echo(seq, frame));
         }
         if self.ring_len > 0 && envelope.len() <= self.ring_bytes_limit {
@@ -382,6 +395,7 @@ impl Publisher {
         let evicted = st.evicted;
         st.numbers.prune(evicted);
         drop(st);
+        self.deliveries.increment(delivered);
         for s in subs.iter() {
             s.flush();
         }

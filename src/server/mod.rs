@@ -1,4 +1,4 @@
-//! The actix-web application: `/ahp` (WebSocket), `/healthz`, and the
+//! The actix-web application: `/ahp` (WebSocket), `/healthz`, `/metrics`, and the
 //! embedded browser client at `/`.
 //!
 //! | module | job |
@@ -13,6 +13,7 @@
 //! | [`params`] | the params of `tandem/*` methods |
 //! | `socket` | the upgraded TCP stream: direct writes, the writer task, the reader; close frames; the heartbeat |
 //! | `inbound` | the client's frames: decoded, reassembled, within the frame limit |
+//! | `scrape` | `GET /metrics` (admin token when auth is on) |
 //!
 //! The arrows point one way: `upgrade` → `connection` → `routes` /
 //! `subscribe` / `provide` → [`crate::channels`]; `upgrade` and
@@ -30,6 +31,7 @@ pub mod params;
 mod presence;
 mod provide;
 mod routes;
+mod scrape;
 mod socket;
 mod subscribe;
 mod texts;
@@ -197,6 +199,7 @@ fn http_server(
                 .app_data(web::Data::from(app_state))
                 .route("/ahp", web::get().to(upgrade::ahp_plain))
                 .route("/healthz", web::get().to(healthz))
+                .route("/metrics", web::get().to(scrape::metrics))
                 .configure(web_ui::routes);
             actix_http::HttpService::build()
                 .client_request_timeout(std::time::Duration::from_secs(5))
@@ -332,6 +335,13 @@ where
                 });
                 let app_state = state.clone();
                 let server = http_server(&app_state, &config, listener)?;
+                let metrics = state.shared.metrics.clone();
+                actix::spawn(async move {
+                    loop {
+                        tokio::time::sleep(scrape::UPKEEP_EVERY).await;
+                        metrics.upkeep();
+                    }
+                });
                 actix::spawn(socket::heartbeat(
                     state.connections.clone(),
                     config.heartbeat_interval,

@@ -122,6 +122,7 @@ impl Connection {
             client_seq: p.client_seq,
         };
         if let Some(reason) = self.dispatch_refusal(&p, frame_bytes) {
+            self.app.shared.metrics.rejected(&reason);
             let json = serde_json::to_string(&p.action).unwrap_or_else(|_| "null".into());
             self.out.push(Push::AfterLastSeq(&|last| {
                 crate::publish::rejection_frame(&p.channel, &json, last, &origin, &reason)

@@ -38,6 +38,7 @@ use tokio::sync::Notify;
 use tokio::time::Sleep;
 
 use super::admission::Connections;
+use crate::metrics::Metrics;
 use crate::publish::outbound::{
     encode_frames, encoded_len, Beat, CloseCause, Outbound, Take, Taken, Wire,
 };
@@ -114,6 +115,8 @@ const READ_CHUNK: usize = 16 * 1024;
 /// direct writes.
 pub struct Socket {
     tcp: TcpStream,
+    /// Bytes written and evictions are counted here.
+    metrics: Arc<Metrics>,
     /// The reader is done (end of stream, error, or dropped).
     read_done: AtomicBool,
     read_done_notify: Notify,
@@ -121,9 +124,10 @@ pub struct Socket {
 
 impl Socket {
     /// Wrap an upgraded stream.
-    pub fn new(tcp: TcpStream) -> Arc<Self> {
+    pub fn new(tcp: TcpStream, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Self {
             tcp,
+            metrics,
             read_done: AtomicBool::new(false),
             read_done_notify: Notify::new(),
         })
@@ -148,7 +152,7 @@ impl Socket {
     /// Write all of `buf`, waiting for room.
     async fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
         while !buf.is_empty() {
-            match self.tcp.try_write(buf) {
+            match self.try_write(buf) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => buf = &buf[n..],
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.tcp.writable().await?,
@@ -161,7 +165,11 @@ impl Socket {
 
 impl Wire for Socket {
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        self.tcp.try_write(buf)
+        let written = self.tcp.try_write(buf);
+        if let Ok(n) = written {
+            self.metrics.sent_bytes.increment(n as u64);
+        }
+        written
     }
 }
 
@@ -266,7 +274,7 @@ pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, pacing: Duration, o
     loop {
         let taken = poll_fn(|cx| pacer.poll_take(cx)).await;
         let more = taken.more;
-        let (buf, closing) = encode(&out, taken);
+        let (buf, closing) = encode(&out, taken, &socket.metrics);
         if socket.write_all(&buf).await.is_err() {
             return;
         }
@@ -280,7 +288,7 @@ pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, pacing: Duration, o
 }
 
 /// The bytes of one write: what a direct write left, the frames, the close.
-fn encode(out: &Outbound, taken: Taken) -> (BytesMut, bool) {
+fn encode(out: &Outbound, taken: Taken, metrics: &Metrics) -> (BytesMut, bool) {
     let mut buf = BytesMut::with_capacity(
         taken.head.len() + encoded_len(&taken.frames) + 4 + MAX_CLOSE_REASON,
     );
@@ -288,6 +296,7 @@ fn encode(out: &Outbound, taken: Taken) -> (BytesMut, bool) {
     encode_frames(&mut buf, taken.frames);
     let closing = taken.close.is_some();
     if let Some(cause) = taken.close {
+        metrics.closed(&cause);
         match &cause {
             CloseCause::Shutdown | CloseCause::Normal | CloseCause::ClientClosed(_) => {
                 tracing::debug!(conn = %out.id(), ?cause, "closing connection")

@@ -19,6 +19,7 @@ use super::connection::Connection;
 use crate::channels::SnapshotJson;
 use crate::ids::ChannelUri;
 use crate::protocol::{self, errors, RpcError};
+use crate::metrics::ReconnectAnswer;
 use crate::publish::{Replay, ServerSeq};
 
 /// `result` of `initialize`, with snapshots spliced in pre-serialized.
@@ -243,12 +244,14 @@ impl Connection {
                     ))
                 });
                 self.out.ungate_with(frame);
+                shared.metrics.reconnected(ReconnectAnswer::Replay);
                 return Ok(());
             }
         }
         // Too old (or from before a restart): fresh snapshots. Channels that
         // are gone are simply absent.
         self.out.ungate_with(None);
+        shared.metrics.reconnected(ReconnectAnswer::Snapshot);
         let uris = present.iter().map(|c| c.uri.clone()).collect();
         self.subscribe_many(uris, None, ctx, move |_, snaps| {
             let joined = snaps.into_iter().map(|s| s.0).collect::<Vec<_>>().join(",");

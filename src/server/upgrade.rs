@@ -58,7 +58,8 @@ pub async fn serve(
         .send(h1::Message::Item((res.drop_body(), BodySize::None)))
         .await?;
     let parts = framed.into_parts();
-    let socket = Socket::new(parts.io);
+    let socket = Socket::new(parts.io, state.shared.metrics.clone());
+    state.shared.metrics.connections_opened.increment(1);
     let cfg = &state.shared.config;
     let (pacing, limit) = (cfg.write_pacing, cfg.max_frame_bytes);
     let out = Arc::new(Outbound::scoped(

@@ -214,6 +214,16 @@ pub struct CommitStats {
     pub waited: u64,
 }
 
+/// The journal's commit figures, recorded by its writer for `/metrics`
+/// (handles on the server's recorder: one atomic add each).
+#[derive(Clone)]
+pub struct CommitMetrics {
+    /// Time one group commit took (its transaction and `fsync`).
+    pub seconds: metrics::Histogram,
+    /// Writes in one group commit.
+    pub writes: metrics::Histogram,
+}
+
 /// Storage for the action log of every channel.
 pub trait Journal: Send + Sync + 'static {
     /// Record a new channel. Resolves once durable.
@@ -277,6 +287,10 @@ pub trait Journal: Send + Sync + 'static {
     fn commit_stats(&self) -> Option<CommitStats> {
         None
     }
+
+    /// Record each group commit into `metrics` from now on (a journal that
+    /// groups its commits; the others have none to record).
+    fn observe_commits(&self, _metrics: CommitMetrics) {}
 
     /// What `/healthz` shows of the store beyond the server's own figures
     /// (a cluster node: its name, its NATS connection, the channels it

@@ -24,10 +24,22 @@ use tokio::sync::oneshot;
 /// A plain HTTP/1.1 request; returns (status line, header lines, body),
 /// status and headers lower-cased.
 pub async fn http(addr: SocketAddr, method: &str, path: &str) -> (String, String, Vec<u8>) {
+    http_with(addr, method, path, &[]).await
+}
+
+/// [`http`] with extra request headers.
+pub async fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (String, String, Vec<u8>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     s.write_all(
-        format!("{method} {path} HTTP/1.1\r\nHost: tandem\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("{method} {path} HTTP/1.1\r\nHost: tandem\r\n{extra}Connection: close\r\n\r\n")
+            .as_bytes(),
     )
     .await
     .expect("write");

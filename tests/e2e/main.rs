@@ -22,6 +22,7 @@ mod commands;
 mod durability;
 mod invariants;
 mod lifecycle;
+mod metrics;
 mod ordering_and_recovery;
 mod providers;
 mod scripted;

@@ -16,6 +16,7 @@
 //! `tandem/editText`).
 
 mod agent_rules;
+mod counting;
 mod effects;
 mod handle;
 mod history;
@@ -56,6 +57,7 @@ use super::ClientDispatch;
 use crate::coedit::TextDoc;
 use crate::ids::ChannelUri;
 use crate::interactions::{policy, Outcome, Settlement};
+use crate::metrics::InteractionKind;
 use crate::publish::{Hub, ServerSeq};
 use crate::store::TurnRecord;
 use crate::time::{millis_since, now_rfc3339};
@@ -126,6 +128,9 @@ pub struct ChatActor {
     opened: HashMap<String, ServerSeq>,
     /// The texts people edit together ([`texts`]).
     texts: HashMap<TextTarget, TextDoc>,
+    /// Requests for a person open now, for the metrics: kind and when it
+    /// was opened ([`counting`]).
+    asked: HashMap<String, (InteractionKind, std::time::Instant)>,
 }
 
 /// Where a chat lives: its channel, its session and the session's agent.
@@ -211,6 +216,7 @@ impl ChatActor {
             pending_truncate: None,
             opened: HashMap::new(),
             texts: HashMap::new(),
+            asked: HashMap::new(),
         }
     }
 
@@ -316,6 +322,7 @@ impl ChannelActor for ChatActor {
             self.note_opened(&a.action, *seq);
         }
         for (a, _) in batch {
+            self.count_interactions(&a.action);
             self.texts_after_publish(ctx, &a.action, a.origin.is_some());
             self.after_publish(ctx, a.action);
         }

@@ -94,12 +94,29 @@ pub struct Process {
     pub load_session: bool,
 }
 
+/// One running agent process in its agent's count: counted while it lives.
+struct Running(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Running {
+    fn new(alive: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        alive.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(alive)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Process {
     /// Spawn `spec`'s command, `initialize` it and wait for the answer.
     /// Events go to `events`, tagged with nothing: one process per bridge.
     pub async fn start(
         spec: &AgentSpec,
         events: mpsc::UnboundedSender<Event>,
+        alive: Arc<std::sync::atomic::AtomicUsize>,
     ) -> Result<Arc<Self>, String> {
         let files = Arc::new(FileAccess::of(spec)?);
         let mut cmd = Command::new(&spec.command);
@@ -116,6 +133,8 @@ impl Process {
             .spawn()
             .map_err(|e| format!("cannot run `{}`: {e}", spec.command))?;
         let pid = child.id();
+        // Counted until it has exited (the exit watcher below owns it).
+        let running = Running::new(alive);
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -156,6 +175,7 @@ impl Process {
                         child.wait().await
                     }
                 };
+                drop(running);
                 // Let the stderr reader take the last lines first.
                 let _ = tokio::time::timeout(
                     std::time::Duration::from_millis(500),

@@ -43,6 +43,8 @@ pub struct AcpAgent {
     chats: DashMap<String, String>,
     /// Session → what its agent offers lately (modes, models).
     choices: Arc<DashMap<String, choices::Choices>>,
+    /// Its processes running now.
+    alive: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl AcpAgent {
@@ -53,6 +55,7 @@ impl AcpAgent {
             bridges: DashMap::new(),
             chats: DashMap::new(),
             choices: Arc::new(DashMap::new()),
+            alive: Arc::default(),
         }
     }
 
@@ -60,7 +63,12 @@ impl AcpAgent {
         self.bridges
             .entry(session.to_owned())
             .or_insert_with(|| {
-                Bridge::start(self.spec.clone(), session.to_owned(), self.choices.clone())
+                Bridge::start(
+                    self.spec.clone(),
+                    session.to_owned(),
+                    self.choices.clone(),
+                    self.alive.clone(),
+                )
             })
             .clone()
     }
@@ -75,6 +83,10 @@ enum Cmd {
 }
 
 impl Agent for AcpAgent {
+    fn processes(&self) -> usize {
+        self.alive.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn info(&self) -> AgentInfo {
         AgentInfo {
             provider: self.spec.name.clone(),

@@ -29,7 +29,12 @@ impl Inner {
                 }
                 (std::mem::take(&mut c.queue), c.len, c.last_seq, c.turns)
             };
+            let started = std::time::Instant::now();
             let outcome = self.send(&uri, &group, pos, last_seq, turns_before).await;
+            if let Some(m) = self.commits.get() {
+                m.seconds.record(started.elapsed().as_secs_f64());
+                m.writes.record(group.len() as f64);
+            }
             let mut chans = self.chans.lock();
             let Some(c) = chans.get_mut(&uri) else {
                 return;

@@ -341,6 +341,10 @@ impl Journal for JetStreamJournal {
         }
     }
 
+    fn observe_commits(&self, metrics: crate::store::CommitMetrics) {
+        let _ = self.inner.commits.set(metrics);
+    }
+
     fn health(&self) -> Option<serde_json::Value> {
         Some(serde_json::json!({
             "node": self.inner.node,

@@ -191,6 +191,8 @@ struct Inner {
     follow_from: std::sync::atomic::AtomicU64,
     /// The NATS client, for its connection state.
     client: async_nats::Client,
+    /// Where each append's time and size are recorded, once set.
+    commits: std::sync::OnceLock<super::CommitMetrics>,
     /// Ends the runtime's thread when the journal goes.
     _stop: oneshot::Sender<()>,
 }
@@ -250,6 +252,7 @@ impl JetStreamJournal {
                 owners: Mutex::default(),
                 forward_tx: Mutex::new(None),
                 follow_from: std::sync::atomic::AtomicU64::new(0),
+                commits: std::sync::OnceLock::new(),
                 _stop: stop_tx,
             }),
         };

@@ -26,7 +26,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::{
-    Batch, BindCommit, ChannelInfo, Commit, CommitStats, Journal, JournalError, Recovered,
+    Batch, BindCommit, ChannelInfo, Commit, CommitMetrics, CommitStats, Journal, JournalError, Recovered,
     RecoveredChannel, TurnPage,
 };
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
@@ -143,6 +143,10 @@ fn closed() -> JournalError {
 impl Journal for SqliteJournal {
     fn commit_stats(&self) -> Option<CommitStats> {
         Some(self.counters.read())
+    }
+
+    fn observe_commits(&self, metrics: CommitMetrics) {
+        self.counters.observe(metrics);
     }
 
     fn memory_bytes(&self) -> Option<u64> {

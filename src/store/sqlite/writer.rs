@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 
 use super::unavailable;
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
-use crate::store::{Batch, ChannelInfo, CommitStats, JournalError};
+use crate::store::{Batch, ChannelInfo, CommitMetrics, CommitStats, JournalError};
 
 /// Most queued writes folded into one transaction.
 const MAX_OPS_PER_COMMIT: usize = 4096;
@@ -68,11 +68,13 @@ pub(super) struct Writer {
 }
 
 /// How the writer has grouped its commits.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(super) struct Counters {
     commits: AtomicU64,
     writes: AtomicU64,
     waited: AtomicU64,
+    /// Where each commit's time and size are recorded, once set.
+    observer: std::sync::OnceLock<CommitMetrics>,
 }
 
 impl Counters {
@@ -83,6 +85,11 @@ impl Counters {
         if waited {
             self.waited.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Record every later commit into `metrics` (the first call wins).
+    pub(super) fn observe(&self, metrics: CommitMetrics) {
+        let _ = self.observer.set(metrics);
     }
 
     pub(super) fn read(&self) -> CommitStats {
@@ -138,7 +145,13 @@ impl Writer {
             }
             gather.group_taken(&ops, Instant::now());
             self.counters.add(ops.len(), waits);
+            let writes = ops.len();
+            let commit_started = Instant::now();
             self.commit_group(ops);
+            if let Some(m) = self.counters.observer.get() {
+                m.seconds.record(commit_started.elapsed().as_secs_f64());
+                m.writes.record(writes as f64);
+            }
         }
     }
 

@@ -46,6 +46,8 @@ struct Turn {
 /// The bridge of one session: owns its process and turns.
 pub(super) struct Bridge {
     spec: Arc<AgentSpec>,
+    /// The agent's processes running now, over every session.
+    alive: Arc<std::sync::atomic::AtomicUsize>,
     session: String,
     process: Option<Arc<Process>>,
     events: Option<mpsc::UnboundedReceiver<Event>>,
@@ -80,11 +82,13 @@ impl Bridge {
         spec: Arc<AgentSpec>,
         session: String,
         choices: Arc<DashMap<String, Choices>>,
+        alive: Arc<std::sync::atomic::AtomicUsize>,
     ) -> mpsc::UnboundedSender<Cmd> {
         let (tx, rx) = mpsc::unbounded_channel();
         let (decided_tx, decided_rx) = mpsc::unbounded_channel();
         let bridge = Bridge {
             spec,
+            alive,
             session,
             process: None,
             events: None,

@@ -129,7 +129,7 @@ impl Bridge {
             return Ok(p.clone());
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let p = Process::start(&self.spec, tx).await?;
+        let p = Process::start(&self.spec, tx, self.alive.clone()).await?;
         tracing::info!(agent = %self.spec.name, session = %self.session, pid = ?p.pid, "agent process started");
         self.process = Some(p.clone());
         self.events = Some(rx);

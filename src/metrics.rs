@@ -1,0 +1,626 @@
+//! What the server counts for `GET /metrics` (Prometheus text format,
+//! rendered by `metrics-exporter-prometheus`).
+//!
+//! Every series is registered once, when the server starts, and kept as a
+//! handle: counting is one atomic add on the handle, with no lookup, lock
+//! or allocation. Deliveries are counted once per published action (by the
+//! number of its receivers), bytes once per socket write. Figures the
+//! server already keeps (open connections, subscriptions, channels,
+//! providers) are read when `/metrics` is scraped, not counted as they
+//! change.
+//!
+//! Each server has its own recorder (not the process-wide one), so servers
+//! in one process (tests) count apart.
+
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+use crate::publish::outbound::CloseCause;
+use crate::store::CommitMetrics;
+
+/// Why an action was refused, as a small set of classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectClass {
+    /// The connection may not do this (its token, or a person's act sent
+    /// by an agent).
+    NotAllowed,
+    /// Over the dispatch budget.
+    RateLimited,
+    /// Over a size limit.
+    TooLarge,
+    /// The store refused or is away.
+    Store,
+    /// Another cluster node runs the channel and did not take it.
+    Cluster,
+    /// The action does not apply to the state (a settled request, a turn
+    /// that is not active, a bad answer…).
+    Invalid,
+}
+
+impl RejectClass {
+    const ALL: [RejectClass; 6] = [
+        RejectClass::NotAllowed,
+        RejectClass::RateLimited,
+        RejectClass::TooLarge,
+        RejectClass::Store,
+        RejectClass::Cluster,
+        RejectClass::Invalid,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectClass::NotAllowed => "not_allowed",
+            RejectClass::RateLimited => "rate_limited",
+            RejectClass::TooLarge => "too_large",
+            RejectClass::Store => "store",
+            RejectClass::Cluster => "cluster",
+            RejectClass::Invalid => "invalid",
+        }
+    }
+
+    /// The class of a rejection's reason (the text the dispatcher gets).
+    pub fn of(reason: &str) -> Self {
+        let r = reason.to_ascii_lowercase();
+        if r.starts_with("permissiondenied") || r.contains("person's act") || r.contains("may not")
+        {
+            RejectClass::NotAllowed
+        } else if r.starts_with("rate limited") {
+            RejectClass::RateLimited
+        } else if r.starts_with("too large") || r.contains("over the limit") {
+            RejectClass::TooLarge
+        } else if r.contains("the store") || r.starts_with("not stored") {
+            RejectClass::Store
+        } else if r.contains("another node") || r.contains("changing hands") {
+            RejectClass::Cluster
+        } else {
+            RejectClass::Invalid
+        }
+    }
+}
+
+/// Why the server closed a connection it did not want to keep.
+const EVICTIONS: [&str; 6] = [
+    "overflow",
+    "idle",
+    "too_large",
+    "malformed",
+    "invalid_text",
+    "token_expired",
+];
+
+/// The eviction label of a close, `None` for an ordinary close.
+fn eviction(cause: &CloseCause) -> Option<usize> {
+    let i = match cause {
+        CloseCause::Overflow => 0,
+        CloseCause::Protocol(_) => 1,
+        CloseCause::TooLarge(_) => 2,
+        CloseCause::Malformed(_) => 3,
+        CloseCause::InvalidText(_) => 4,
+        CloseCause::TokenExpired => 5,
+        CloseCause::Normal | CloseCause::ClientClosed(_) | CloseCause::Shutdown => return None,
+    };
+    Some(i)
+}
+
+/// What kind of interaction a person is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InteractionKind {
+    /// Questions (a form, a confirmation, free text).
+    Input,
+    /// A URL to visit.
+    Url,
+    /// A tool call to approve.
+    Tool,
+}
+
+impl InteractionKind {
+    const ALL: [InteractionKind; 3] = [
+        InteractionKind::Input,
+        InteractionKind::Url,
+        InteractionKind::Tool,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            InteractionKind::Input => "input",
+            InteractionKind::Url => "url",
+            InteractionKind::Tool => "tool",
+        }
+    }
+}
+
+/// How an interaction ended, as the metrics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Completed with `accept`.
+    Answered,
+    /// Completed with `decline`.
+    Declined,
+    /// Completed with `cancel`.
+    Cancelled,
+    /// Tool call approved.
+    Approved,
+    /// Tool call denied.
+    Denied,
+    /// The turn was cancelled (or truncated away) while it was open.
+    Interrupted,
+    /// The turn ended (completed, failed) while it was open.
+    Abandoned,
+}
+
+impl Settled {
+    const ALL: [Settled; 7] = [
+        Settled::Answered,
+        Settled::Declined,
+        Settled::Cancelled,
+        Settled::Approved,
+        Settled::Denied,
+        Settled::Interrupted,
+        Settled::Abandoned,
+    ];
+
+    /// Whether a request of `kind` can end this way.
+    fn happens_to(self, kind: InteractionKind) -> bool {
+        match self {
+            Settled::Interrupted | Settled::Abandoned => true,
+            Settled::Approved | Settled::Denied => kind == InteractionKind::Tool,
+            Settled::Answered | Settled::Declined | Settled::Cancelled => {
+                kind != InteractionKind::Tool
+            }
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Settled::Answered => "answered",
+            Settled::Declined => "declined",
+            Settled::Cancelled => "cancelled",
+            Settled::Approved => "approved",
+            Settled::Denied => "denied",
+            Settled::Interrupted => "interrupted",
+            Settled::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// How a `reconnect` was answered.
+#[derive(Debug, Clone, Copy)]
+pub enum ReconnectAnswer {
+    /// The missed envelopes.
+    Replay,
+    /// Fresh snapshots.
+    Snapshot,
+}
+
+/// Figures read when `/metrics` is scraped.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Readings {
+    /// Open connections.
+    pub connections: usize,
+    /// Subscriptions over every channel.
+    pub subscriptions: usize,
+    /// Live sessions.
+    pub sessions: usize,
+    /// Live chats.
+    pub chats: usize,
+    /// Agents connected over AHP (`tandem/registerProvider`).
+    pub providers_connected: usize,
+    /// ACP agent processes running.
+    pub agent_processes: usize,
+    /// Bytes of envelopes in the replay ring.
+    pub replay_ring_bytes: usize,
+}
+
+/// Every series the server exports, registered.
+pub struct Metrics {
+    handle: PrometheusHandle,
+    connections: Gauge,
+    subscriptions: Gauge,
+    sessions: Gauge,
+    chats: Gauge,
+    providers_connected: Gauge,
+    agent_processes: Gauge,
+    replay_ring_bytes: Gauge,
+    /// Connections accepted (upgraded to WebSocket).
+    pub connections_opened: Counter,
+    accepted_from_connections: Counter,
+    accepted_from_server: Counter,
+    rejected: [Counter; 6],
+    /// Envelopes pushed to connections (one per receiver of an action).
+    pub deliveries: Counter,
+    /// Bytes written to sockets.
+    pub sent_bytes: Counter,
+    evictions: [Counter; 6],
+    reconnect_replay: Counter,
+    reconnect_snapshot: Counter,
+    commits: CommitMetrics,
+    opened: [Counter; 3],
+    /// By kind and outcome; `None` where the outcome cannot happen to the
+    /// kind (a tool call is not declined, a question not approved).
+    settled: [[Option<Counter>; 7]; 3],
+    settle_seconds: [Histogram; 3],
+}
+
+/// Seconds buckets of the journal's commits: 50 µs to 1 s.
+const COMMIT_BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.25, 1.0,
+];
+/// Writes per group commit.
+const GROUP_BUCKETS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+/// Seconds a person took to settle an interaction: 1 s to a day.
+const SETTLE_BUCKETS: [f64; 10] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14_400.0, 86_400.0,
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A recorder of its own with every series registered (at zero).
+    pub fn new() -> Self {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full("tandem_journal_commit_seconds".into()),
+                &COMMIT_BUCKETS,
+            )
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("tandem_journal_commit_writes".into()),
+                    &GROUP_BUCKETS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("tandem_interaction_settle_seconds".into()),
+                    &SETTLE_BUCKETS,
+                )
+            })
+            .expect("the buckets are not empty")
+            .build_recorder();
+        let r = Registrar { recorder: &recorder };
+        let connections = r.gauge("tandem_connections", "Open WebSocket connections.", &[]);
+        let subscriptions = r.gauge(
+            "tandem_subscriptions",
+            "Subscriptions over every channel.",
+            &[],
+        );
+        let channels = "Live channels by kind.";
+        let sessions = r.gauge("tandem_channels", channels, &[("kind", "session")]);
+        let chats = r.gauge("tandem_channels", channels, &[("kind", "chat")]);
+        let providers_connected = r.gauge(
+            "tandem_providers_connected",
+            "Agents connected over AHP (tandem/registerProvider).",
+            &[],
+        );
+        let agent_processes = r.gauge(
+            "tandem_agent_processes",
+            "ACP agent processes running.",
+            &[],
+        );
+        let replay_ring_bytes = r.gauge(
+            "tandem_replay_ring_bytes",
+            "Bytes of envelopes kept for reconnect replay.",
+            &[],
+        );
+        let connections_opened = r.counter(
+            "tandem_connections_opened_total",
+            "WebSocket connections accepted.",
+            &[],
+        );
+        let accepted = "Actions journaled and published, by who sent them: a connection (client or agent) or the server itself.";
+        let accepted_from_connections = r.counter(
+            "tandem_actions_accepted_total",
+            accepted,
+            &[("source", "connection")],
+        );
+        let accepted_from_server =
+            r.counter("tandem_actions_accepted_total", accepted, &[("source", "server")]);
+        let rejected = RejectClass::ALL.map(|c| {
+            r.counter(
+                "tandem_actions_rejected_total",
+                "Actions refused, by class of reason.",
+                &[("reason", c.as_str())],
+            )
+        });
+        let deliveries = r.counter(
+            "tandem_deliveries_total",
+            "Envelopes pushed to connections (one per receiver of each action).",
+            &[],
+        );
+        let sent_bytes = r.counter(
+            "tandem_sent_bytes_total",
+            "Bytes written to WebSocket connections.",
+            &[],
+        );
+        let evictions = EVICTIONS.map(|cause| {
+            r.counter(
+                "tandem_evictions_total",
+                "Connections the server closed on its own, by cause.",
+                &[("cause", cause)],
+            )
+        });
+        let reconnects = "`reconnect` requests, by how they were answered.";
+        let reconnect_replay =
+            r.counter("tandem_reconnects_total", reconnects, &[("answer", "replay")]);
+        let reconnect_snapshot =
+            r.counter("tandem_reconnects_total", reconnects, &[("answer", "snapshot")]);
+        let commits = CommitMetrics {
+            seconds: r.histogram(
+                "tandem_journal_commit_seconds",
+                "Time one group commit of the journal took (transaction and fsync).",
+                Some(Unit::Seconds),
+                &[],
+            ),
+            writes: r.histogram(
+                "tandem_journal_commit_writes",
+                "Writes in one group commit of the journal.",
+                None,
+                &[],
+            ),
+        };
+        let opened = InteractionKind::ALL.map(|k| {
+            r.counter(
+                "tandem_interactions_opened_total",
+                "Requests for a person (questions, URLs, tool approvals), by kind.",
+                &[("kind", k.as_str())],
+            )
+        });
+        let settled = InteractionKind::ALL.map(|k| {
+            Settled::ALL.map(|o| {
+                o.happens_to(k).then(|| {
+                    r.counter(
+                        "tandem_interactions_settled_total",
+                        "Requests for a person that ended, by kind and outcome.",
+                        &[("kind", k.as_str()), ("outcome", o.as_str())],
+                    )
+                })
+            })
+        });
+        let settle_seconds = InteractionKind::ALL.map(|k| {
+            r.histogram(
+                "tandem_interaction_settle_seconds",
+                "Time from a request for a person to its settlement, by kind.",
+                Some(Unit::Seconds),
+                &[("kind", k.as_str())],
+            )
+        });
+        Self {
+            handle: recorder.handle(),
+            connections,
+            subscriptions,
+            sessions,
+            chats,
+            providers_connected,
+            agent_processes,
+            replay_ring_bytes,
+            connections_opened,
+            accepted_from_connections,
+            accepted_from_server,
+            rejected,
+            deliveries,
+            sent_bytes,
+            evictions,
+            reconnect_replay,
+            reconnect_snapshot,
+            commits,
+            opened,
+            settled,
+            settle_seconds,
+        }
+    }
+
+    /// `n` actions published: `from_connections` of them sent by a
+    /// connection, the rest by the server.
+    pub fn accepted(&self, n: usize, from_connections: usize) {
+        if from_connections > 0 {
+            self.accepted_from_connections
+                .increment(from_connections as u64);
+        }
+        if n > from_connections {
+            self.accepted_from_server
+                .increment((n - from_connections) as u64);
+        }
+    }
+
+    /// An action was refused for `reason`.
+    pub fn rejected(&self, reason: &str) {
+        let class = RejectClass::of(reason);
+        let i = RejectClass::ALL
+            .iter()
+            .position(|c| *c == class)
+            .unwrap_or(RejectClass::ALL.len() - 1);
+        self.rejected[i].increment(1);
+    }
+
+    /// A connection is closed for `cause`; counted when the server evicted it.
+    pub fn closed(&self, cause: &CloseCause) {
+        if let Some(i) = eviction(cause) {
+            self.evictions[i].increment(1);
+        }
+    }
+
+    /// A `reconnect` was answered.
+    pub fn reconnected(&self, answer: ReconnectAnswer) {
+        match answer {
+            ReconnectAnswer::Replay => self.reconnect_replay.increment(1),
+            ReconnectAnswer::Snapshot => self.reconnect_snapshot.increment(1),
+        }
+    }
+
+    /// The journal's commit histograms (for its writer).
+    pub fn commits(&self) -> CommitMetrics {
+        self.commits.clone()
+    }
+
+    /// A request for a person was opened.
+    pub fn interaction_opened(&self, kind: InteractionKind) {
+        self.opened[kind_index(kind)].increment(1);
+    }
+
+    /// A request for a person ended after `waited` (unknown for one opened
+    /// before a restart).
+    pub fn interaction_settled(
+        &self,
+        kind: InteractionKind,
+        outcome: Settled,
+        waited: Option<Duration>,
+    ) {
+        let k = kind_index(kind);
+        let o = Settled::ALL.iter().position(|s| *s == outcome).unwrap_or(0);
+        if let Some(c) = &self.settled[k][o] {
+            c.increment(1);
+        }
+        if let Some(w) = waited {
+            self.settle_seconds[k].record(w.as_secs_f64());
+        }
+    }
+
+    /// The exposition, with the figures read now.
+    pub fn render(&self, now: Readings) -> String {
+        self.connections.set(now.connections as f64);
+        self.subscriptions.set(now.subscriptions as f64);
+        self.sessions.set(now.sessions as f64);
+        self.chats.set(now.chats as f64);
+        self.providers_connected.set(now.providers_connected as f64);
+        self.agent_processes.set(now.agent_processes as f64);
+        self.replay_ring_bytes.set(now.replay_ring_bytes as f64);
+        self.handle.render()
+    }
+
+    /// Fold recorded histogram samples into their buckets (done on every
+    /// render too); run now and then so samples do not pile up unscraped.
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+}
+
+fn kind_index(kind: InteractionKind) -> usize {
+    InteractionKind::ALL
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(0)
+}
+
+/// Registers series on one recorder, with their help text.
+struct Registrar<'a> {
+    recorder: &'a PrometheusRecorder,
+}
+
+const META: Metadata<'static> = Metadata::new("tandem", Level::INFO, Some(module_path!()));
+
+impl Registrar<'_> {
+    fn key(name: &'static str, labels: &[(&'static str, &'static str)]) -> Key {
+        let labels: Vec<Label> = labels.iter().map(|(k, v)| Label::new(*k, *v)).collect();
+        Key::from_parts(name, labels)
+    }
+
+    fn counter(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&'static str, &'static str)],
+    ) -> Counter {
+        self.recorder
+            .describe_counter(KeyName::from_const_str(name), None, help.into());
+        let c = self.recorder.register_counter(&Self::key(name, labels), &META);
+        // Exported at zero from the start, not from its first count.
+        c.increment(0);
+        c
+    }
+
+    fn gauge(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&'static str, &'static str)],
+    ) -> Gauge {
+        self.recorder
+            .describe_gauge(KeyName::from_const_str(name), None, help.into());
+        let g = self.recorder.register_gauge(&Self::key(name, labels), &META);
+        g.set(0.0);
+        g
+    }
+
+    fn histogram(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        unit: Option<Unit>,
+        labels: &[(&'static str, &'static str)],
+    ) -> Histogram {
+        self.recorder
+            .describe_histogram(KeyName::from_const_str(name), unit, help.into());
+        self.recorder
+            .register_histogram(&Self::key(name, labels), &META)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejection_reasons_fall_into_their_classes() {
+        for (reason, class) in [
+            ("PermissionDenied: not your session", RejectClass::NotAllowed),
+            ("`chat/inputCompleted` is a person's act: an agent may not send it", RejectClass::NotAllowed),
+            ("rate limited: more than 50 dispatches", RejectClass::RateLimited),
+            ("too large: a `dispatchAction` of 9000 bytes", RejectClass::TooLarge),
+            ("the store is unavailable (disk full); the chat is read-only", RejectClass::Store),
+            ("not stored: locked", RejectClass::Store),
+            ("the channel is changing hands between nodes; try again", RejectClass::Cluster),
+            ("input request `r1` is already settled", RejectClass::Invalid),
+        ] {
+            assert_eq!(RejectClass::of(reason), class, "{reason}");
+        }
+    }
+
+    #[test]
+    fn every_series_is_exported_from_the_start_and_counts_what_it_is_told() {
+        let m = Metrics::new();
+        let zero = m.render(Readings::default());
+        for line in [
+            "tandem_actions_rejected_total{reason=\"rate_limited\"} 0",
+            "tandem_evictions_total{cause=\"overflow\"} 0",
+            "tandem_interactions_settled_total{kind=\"tool\",outcome=\"denied\"} 0",
+            "tandem_channels{kind=\"chat\"} 0",
+        ] {
+            assert!(zero.contains(line), "{line} in\n{zero}");
+        }
+        m.rejected("rate limited: more than 1 dispatches");
+        m.accepted(5, 2);
+        m.closed(&CloseCause::Overflow);
+        m.closed(&CloseCause::Normal);
+        m.interaction_opened(InteractionKind::Tool);
+        m.interaction_settled(InteractionKind::Tool, Settled::Denied, Some(Duration::from_secs(2)));
+        m.commits().seconds.record(0.000_3);
+        m.commits().writes.record(3.0);
+        let text = m.render(Readings {
+            chats: 4,
+            ..Readings::default()
+        });
+        for line in [
+            "tandem_actions_rejected_total{reason=\"rate_limited\"} 1",
+            "tandem_actions_accepted_total{source=\"connection\"} 2",
+            "tandem_actions_accepted_total{source=\"server\"} 3",
+            "tandem_evictions_total{cause=\"overflow\"} 1",
+            "tandem_interactions_opened_total{kind=\"tool\"} 1",
+            "tandem_interactions_settled_total{kind=\"tool\",outcome=\"denied\"} 1",
+            "tandem_interaction_settle_seconds_bucket{kind=\"tool\",le=\"5\"} 1",
+            "tandem_interaction_settle_seconds_bucket{kind=\"tool\",le=\"1\"} 0",
+            "tandem_journal_commit_seconds_bucket{le=\"0.0005\"} 1",
+            "tandem_journal_commit_writes_sum 3",
+            "tandem_channels{kind=\"chat\"} 4",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        assert!(!text.contains("cause=\"normal\""));
+        assert!(!text.contains("kind=\"tool\",outcome=\"declined\""));
+    }
+}
