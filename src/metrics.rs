@@ -15,7 +15,9 @@
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, Unit};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 use crate::publish::outbound::CloseCause;
 use crate::store::CommitMetrics;
@@ -283,7 +285,9 @@ impl Metrics {
             })
             .expect("the buckets are not empty")
             .build_recorder();
-        let r = Registrar { recorder: &recorder };
+        let r = Registrar {
+            recorder: &recorder,
+        };
         let connections = r.gauge("tandem_connections", "Open WebSocket connections.", &[]);
         let subscriptions = r.gauge(
             "tandem_subscriptions",
@@ -319,8 +323,11 @@ impl Metrics {
             accepted,
             &[("source", "connection")],
         );
-        let accepted_from_server =
-            r.counter("tandem_actions_accepted_total", accepted, &[("source", "server")]);
+        let accepted_from_server = r.counter(
+            "tandem_actions_accepted_total",
+            accepted,
+            &[("source", "server")],
+        );
         let rejected = RejectClass::ALL.map(|c| {
             r.counter(
                 "tandem_actions_rejected_total",
@@ -346,10 +353,16 @@ impl Metrics {
             )
         });
         let reconnects = "`reconnect` requests, by how they were answered.";
-        let reconnect_replay =
-            r.counter("tandem_reconnects_total", reconnects, &[("answer", "replay")]);
-        let reconnect_snapshot =
-            r.counter("tandem_reconnects_total", reconnects, &[("answer", "snapshot")]);
+        let reconnect_replay = r.counter(
+            "tandem_reconnects_total",
+            reconnects,
+            &[("answer", "replay")],
+        );
+        let reconnect_snapshot = r.counter(
+            "tandem_reconnects_total",
+            reconnects,
+            &[("answer", "snapshot")],
+        );
         let commits = CommitMetrics {
             seconds: r.histogram(
                 "tandem_journal_commit_seconds",
@@ -528,7 +541,9 @@ impl Registrar<'_> {
     ) -> Counter {
         self.recorder
             .describe_counter(KeyName::from_const_str(name), None, help.into());
-        let c = self.recorder.register_counter(&Self::key(name, labels), &META);
+        let c = self
+            .recorder
+            .register_counter(&Self::key(name, labels), &META);
         // Exported at zero from the start, not from its first count.
         c.increment(0);
         c
@@ -542,7 +557,9 @@ impl Registrar<'_> {
     ) -> Gauge {
         self.recorder
             .describe_gauge(KeyName::from_const_str(name), None, help.into());
-        let g = self.recorder.register_gauge(&Self::key(name, labels), &META);
+        let g = self
+            .recorder
+            .register_gauge(&Self::key(name, labels), &META);
         g.set(0.0);
         g
     }
@@ -568,17 +585,77 @@ mod tests {
     #[test]
     fn rejection_reasons_fall_into_their_classes() {
         for (reason, class) in [
-            ("PermissionDenied: not your session", RejectClass::NotAllowed),
-            ("`chat/inputCompleted` is a person's act: an agent may not send it", RejectClass::NotAllowed),
-            ("rate limited: more than 50 dispatches", RejectClass::RateLimited),
-            ("too large: a `dispatchAction` of 9000 bytes", RejectClass::TooLarge),
-            ("the store is unavailable (disk full); the chat is read-only", RejectClass::Store),
+            (
+                "PermissionDenied: not your session",
+                RejectClass::NotAllowed,
+            ),
+            (
+                "`chat/inputCompleted` is a person's act: an agent may not send it",
+                RejectClass::NotAllowed,
+            ),
+            (
+                "rate limited: more than 50 dispatches",
+                RejectClass::RateLimited,
+            ),
+            (
+                "too large: a `dispatchAction` of 9000 bytes",
+                RejectClass::TooLarge,
+            ),
+            (
+                "the store is unavailable (disk full); the chat is read-only",
+                RejectClass::Store,
+            ),
             ("not stored: locked", RejectClass::Store),
-            ("the channel is changing hands between nodes; try again", RejectClass::Cluster),
-            ("input request `r1` is already settled", RejectClass::Invalid),
+            (
+                "the channel is changing hands between nodes; try again",
+                RejectClass::Cluster,
+            ),
+            (
+                "input request `r1` is already settled",
+                RejectClass::Invalid,
+            ),
         ] {
             assert_eq!(RejectClass::of(reason), class, "{reason}");
         }
+    }
+
+    #[test]
+    fn the_grafana_dashboard_uses_only_exported_series() {
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../docs/grafana/tandem-dashboard.json"))
+                .expect("the dashboard is JSON");
+        let m = Metrics::new();
+        m.commits().seconds.record(0.001);
+        m.commits().writes.record(1.0);
+        m.interaction_settled(
+            InteractionKind::Input,
+            Settled::Answered,
+            Some(Duration::from_secs(1)),
+        );
+        let text = m.render(Readings::default());
+        let exported: std::collections::HashSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        let mut used = 0;
+        for panel in dashboard["panels"].as_array().expect("panels") {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"].as_str().expect("expr");
+                for (i, _) in expr.match_indices("tandem_") {
+                    let name: String = expr[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    assert!(
+                        exported.contains(name.as_str()),
+                        "{name} (in `{expr}`) is not exported"
+                    );
+                    used += 1;
+                }
+            }
+        }
+        assert!(used >= 15, "the dashboard draws the metrics ({used} uses)");
     }
 
     #[test]
@@ -598,7 +675,11 @@ mod tests {
         m.closed(&CloseCause::Overflow);
         m.closed(&CloseCause::Normal);
         m.interaction_opened(InteractionKind::Tool);
-        m.interaction_settled(InteractionKind::Tool, Settled::Denied, Some(Duration::from_secs(2)));
+        m.interaction_settled(
+            InteractionKind::Tool,
+            Settled::Denied,
+            Some(Duration::from_secs(2)),
+        );
         m.commits().seconds.record(0.000_3);
         m.commits().writes.record(3.0);
         let text = m.render(Readings {
