@@ -141,7 +141,7 @@ impl ChannelCore {
         action: &StateAction,
         reason: &str,
     ) {
-        tracing::debug!(channel = %self.uri, client = %origin.client_id, reason, "action rejected");
+        tracing::info!(channel = %self.uri, client = %origin.client_id, reason, "action rejected");
         self.shared.metrics.rejected(reason);
         let conn = match conn {
             Dispatcher::Conn(c) => c,

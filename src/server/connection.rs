@@ -214,7 +214,7 @@ impl Connection {
 
     /// Answer request `id` with an error.
     pub(super) fn reply_error(&self, id: &Value, err: RpcError) {
-        tracing::debug!(conn = %self.out.id(), code = err.code, message = %err.message, "error reply");
+        tracing::info!(conn = %self.out.id(), code = err.code, error = %err.message, "command refused");
         self.out
             .push(Push::Response(ByteString::from(protocol::encode_error(
                 id, &err,

@@ -123,6 +123,7 @@ impl Connection {
         };
         if let Some(reason) = self.dispatch_refusal(&p, frame_bytes) {
             self.app.shared.metrics.rejected(&reason);
+            tracing::info!(conn = %self.out.id(), channel = %p.channel, client = %origin.client_id, %reason, "action rejected");
             let json = serde_json::to_string(&p.action).unwrap_or_else(|_| "null".into());
             self.out.push(Push::AfterLastSeq(&|last| {
                 crate::publish::rejection_frame(&p.channel, &json, last, &origin, &reason)

@@ -297,15 +297,32 @@ fn encode(out: &Outbound, taken: Taken, metrics: &Metrics) -> (BytesMut, bool) {
     let closing = taken.close.is_some();
     if let Some(cause) = taken.close {
         metrics.closed(&cause);
-        match &cause {
-            CloseCause::Shutdown | CloseCause::Normal | CloseCause::ClientClosed(_) => {
-                tracing::debug!(conn = %out.id(), ?cause, "closing connection")
-            }
-            _ => tracing::info!(conn = %out.id(), ?cause, "closing connection"),
-        }
-        Parser::write_close(&mut buf, Some(close_reason(&cause)), false);
+        let reason = close_reason(&cause);
+        tracing::info!(
+            conn = %out.id(),
+            code = u16::from(reason.code),
+            reason = reason.description.as_deref().unwrap_or(""),
+            cause = cause_name(&cause),
+            "connection closed"
+        );
+        Parser::write_close(&mut buf, Some(reason), false);
     }
     (buf, closing)
+}
+
+/// A close's cause in a log line.
+fn cause_name(cause: &CloseCause) -> &'static str {
+    match cause {
+        CloseCause::Overflow => "overflow",
+        CloseCause::Protocol(_) => "idle",
+        CloseCause::TooLarge(_) => "too_large",
+        CloseCause::Malformed(_) => "malformed",
+        CloseCause::InvalidText(_) => "invalid_text",
+        CloseCause::Normal => "server",
+        CloseCause::ClientClosed(_) => "client",
+        CloseCause::Shutdown => "shutdown",
+        CloseCause::TokenExpired => "token_expired",
+    }
 }
 
 /// The writer's view of the queue, with its pacing deadline.

@@ -58,6 +58,7 @@ pub async fn serve(
         .send(h1::Message::Item((res.drop_body(), BodySize::None)))
         .await?;
     let parts = framed.into_parts();
+    let peer = parts.io.peer_addr().ok();
     let socket = Socket::new(parts.io, state.shared.metrics.clone());
     state.shared.metrics.connections_opened.increment(1);
     let cfg = &state.shared.config;
@@ -71,6 +72,17 @@ pub async fn serve(
     ));
     out.attach(socket.clone(), pacing);
     slot.open(out.clone());
+    tracing::info!(
+        conn = %out.id(),
+        subject = %principal.subject,
+        role = match principal.role {
+            crate::auth::Role::Client => "client",
+            crate::auth::Role::Agent => "agent",
+            crate::auth::Role::Admin => "admin",
+        },
+        peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+        "connection opened"
+    );
     let inbound = Inbound::new(Reader::new(socket.clone(), parts.read_buf.freeze()), limit);
     let on_gone = Connection::start(state, out.clone(), principal, slot, inbound);
     let writer = actix_web::rt::spawn(socket::writer(out.clone(), socket, pacing, on_gone));
