@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::store::Durability;
 
 pub mod agents;
+pub mod cli;
 
 pub use agents::AgentSpec;
 
@@ -72,6 +73,19 @@ pub struct Config {
     /// A cluster node: the journal is in NATS JetStream (`--cluster`)
     /// instead of `data_dir`.
     pub cluster: Option<crate::store::ClusterConfig>,
+    /// Serve `https://` and `wss://` with this certificate (`None`: plain
+    /// HTTP, for loopback or behind a proxy that does TLS).
+    pub tls: Option<TlsFiles>,
+}
+
+/// TLS: the certificate chain and its key, as PEM files
+/// (`--tls-cert`, `--tls-key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain, the server's certificate first.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
 }
 
 /// Per-server, per-token and per-connection limits. Each names what a client
@@ -190,6 +204,7 @@ impl Default for Config {
             heartbeat_interval: Duration::from_secs(20),
             agents: Vec::new(),
             cluster: None,
+            tls: None,
         }
     }
 }

@@ -194,6 +194,53 @@ async fn the_web_client_works_in_headless_chromium() {
     server.stop().await;
 }
 
+/// The web client over TLS (`--tls-cert`, `--tls-key`): the page loads over
+/// `https://` and speaks AHP over `wss://` (`web/tests/tls.test.mjs`), with a
+/// certificate made here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_client_works_over_https_and_wss() {
+    let web_tests = repo().join("web/tests");
+    let dir = web_tests.clone();
+    tokio::task::spawn_blocking(move || ensure_browser_tools(&dir))
+        .await
+        .expect("install step");
+    let scratch = temp_dir("browser-tls");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("certificate");
+    let files = tandem::config::TlsFiles {
+        cert: scratch.join("cert.pem"),
+        key: scratch.join("key.pem"),
+    };
+    std::fs::write(&files.cert, cert.cert.pem()).expect("cert.pem");
+    std::fs::write(&files.key, cert.signing_key.serialize_pem()).expect("key.pem");
+    let server = TestServer::start_with(tandem::Config {
+        tls: Some(files),
+        ..tandem::Config::default()
+    })
+    .await;
+    let mut node = tokio::process::Command::new("node");
+    node.args(["--test", "--test-reporter=spec", "web/tests/tls.test.mjs"])
+        .current_dir(repo())
+        .env(
+            "TANDEM_URL",
+            format!("https://localhost:{}/", server.addr.port()),
+        )
+        .env("CHROMIUM", CHROMIUM)
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(120), node.output())
+        .await
+        .expect("the TLS browser test finished within 120 s")
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}\n{stderr}");
+    assert!(
+        out.status.success() && stdout.contains("pass 1") && stdout.contains("fail 0"),
+        "the TLS browser test failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    server.stop().await;
+}
+
 /// The browser's operations (`web/coedit.js`) agree with the server's
 /// (`tandem::coedit`) on many random edits: the same results applied,
 /// transformed, composed, carets moved, and a diff that rebuilds its text.

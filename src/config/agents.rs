@@ -164,9 +164,9 @@ impl AgentSpec {
     }
 }
 
-/// The config file's contents that are known so far.
+/// The config file's tables (its other keys are the flags', read by
+/// [`super::cli`], which refuses the unknown ones).
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     /// `[[agents]]` tables.
     #[serde(default)]

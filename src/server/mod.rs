@@ -35,6 +35,7 @@ mod scrape;
 mod socket;
 mod subscribe;
 mod texts;
+pub mod tls;
 pub mod upgrade;
 #[path = "web.rs"]
 pub mod web_ui;
@@ -94,6 +95,9 @@ pub enum StartError {
     /// An unusable `--allowed-origin`.
     #[error("{0}")]
     Origin(#[from] OriginConfigError),
+    /// An unusable `--tls-cert` / `--tls-key`.
+    #[error("{0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 /// What the start-up checks yield.
@@ -102,6 +106,8 @@ pub struct Checked {
     pub auth: Option<Authenticator>,
     /// The `Origin`/`Host` rules for `/ahp`.
     pub origins: OriginPolicy,
+    /// TLS, when configured: certificate and key read and matched.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Check that `config` may be served on `addr`, before anything listens:
@@ -119,7 +125,8 @@ pub fn check_config(config: &Config, addr: SocketAddr) -> Result<Checked, StartE
         return Err(StartError::Unauthenticated(addr));
     }
     let origins = OriginPolicy::new(addr, &config.allowed_origins)?;
-    Ok(Checked { auth, origins })
+    let tls = config.tls.as_ref().map(tls::server_config).transpose()?;
+    Ok(Checked { auth, origins, tls })
 }
 
 async fn healthz(state: web::Data<AppState>) -> HttpResponse {
@@ -273,7 +280,38 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let addr = listener.local_addr().context("reading the bound address")?;
-    let Checked { auth, origins } = check_config(&config, addr)?;
+    let Checked { auth, origins, tls } = check_config(&config, addr)?;
+    // With TLS the HTTP server listens on a loopback port of its own, and
+    // the public address ends TLS in front of it (`tls`).
+    let (listener, tls_stop) = match tls {
+        None => (listener, None),
+        Some(tls_config) => {
+            let inner = bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+                .context("binding the loopback port behind TLS")?;
+            let inner_addr = inner.local_addr().context("reading the loopback port")?;
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let workers = config.http_workers.max(1);
+            std::thread::Builder::new()
+                .name("tandem-tls".into())
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(workers)
+                        .thread_name("tandem-tls")
+                        .enable_all()
+                        .build();
+                    match rt {
+                        Ok(rt) => {
+                            rt.block_on(tls::terminate(listener, inner_addr, tls_config, async {
+                                let _ = stop_rx.await;
+                            }))
+                        }
+                        Err(e) => tracing::error!(error = %e, "TLS runtime not started"),
+                    }
+                })
+                .context("spawning the TLS thread")?;
+            (inner, Some(stop_tx))
+        }
+    };
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let store = journal.clone();
     let thread = std::thread::Builder::new()
@@ -368,6 +406,9 @@ where
     tracing::info!("serving AHP");
     shutdown.await;
     tracing::info!("shutting down");
+    if let Some(stop) = tls_stop {
+        let _ = stop.send(());
+    }
     for conn in connections.queues() {
         conn.close(CloseCause::Shutdown);
     }

@@ -18,8 +18,8 @@ use serde_json::Value;
 use super::connection::Connection;
 use crate::channels::SnapshotJson;
 use crate::ids::ChannelUri;
-use crate::protocol::{self, errors, RpcError};
 use crate::metrics::ReconnectAnswer;
+use crate::protocol::{self, errors, RpcError};
 use crate::publish::{Replay, ServerSeq};
 
 /// `result` of `initialize`, with snapshots spliced in pre-serialized.

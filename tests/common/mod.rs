@@ -36,7 +36,10 @@ pub async fn http_with(
 ) -> (String, String, Vec<u8>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     s.write_all(
         format!("{method} {path} HTTP/1.1\r\nHost: tandem\r\n{extra}Connection: close\r\n\r\n")
             .as_bytes(),
@@ -206,6 +209,11 @@ pub fn client_config() -> ClientConfig {
 impl TestClient {
     pub async fn connect(url: &str, client_id: &str) -> Self {
         let client = Self::raw_connect(url).await;
+        Self::initialized(client, client_id).await
+    }
+
+    /// Initialize an official client already connected.
+    pub async fn initialized(client: Client, client_id: &str) -> Self {
         let events = client.events();
         let init = client
             .initialize(client_id.into(), vec!["1.0.0".into()], vec![])
@@ -524,7 +532,7 @@ impl ServerProcess {
             .expect("read the listening line");
         let addr = line
             .trim()
-            .rsplit("http://")
+            .rsplit("://")
             .next()
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"));

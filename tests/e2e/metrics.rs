@@ -152,13 +152,24 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
 
     // Two questions: one answered, one declined; a URL: cancelled.
     for (spec, response) in [
-        (json!({"questions": [{"kind": "text", "id": "q", "message": "Why?"}]}), "accept"),
-        (json!({"questions": [{"kind": "text", "id": "q", "message": "Where?"}]}), "decline"),
-        (json!({"message": "Sign in", "url": "https://example.com/login"}), "cancel"),
+        (
+            json!({"questions": [{"kind": "text", "id": "q", "message": "Why?"}]}),
+            "accept",
+        ),
+        (
+            json!({"questions": [{"kind": "text", "id": "q", "message": "Where?"}]}),
+            "decline",
+        ),
+        (
+            json!({"message": "Sign in", "url": "https://example.com/login"}),
+            "cancel",
+        ),
     ] {
         let text = format!("/ask {spec}");
         let turn = uuid::Uuid::new_v4().to_string();
-        tally.send(&mut c, &mut m, &chat, turn_started(&turn, &text)).await;
+        tally
+            .send(&mut c, &mut m, &chat, turn_started(&turn, &text))
+            .await;
         c.wait_state(&mut m, |s| open_request_id(s).is_some()).await;
         let rid = open_request_id(&m.state).expect("request");
         pace().await;
@@ -173,8 +184,12 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
     for (tool, approved) in [("deploy", true), ("drop_table", false)] {
         let text = format!("/tool {tool} {{}}");
         let turn = uuid::Uuid::new_v4().to_string();
-        tally.send(&mut c, &mut m, &chat, turn_started(&turn, &text)).await;
-        let ready = c.wait_for(Some(&mut m), |e| is_open_tool(e).is_some()).await;
+        tally
+            .send(&mut c, &mut m, &chat, turn_started(&turn, &text))
+            .await;
+        let ready = c
+            .wait_for(Some(&mut m), |e| is_open_tool(e).is_some())
+            .await;
         let (turn_id, call) = is_open_tool(&ready).expect("a tool call");
         pace().await;
         let option = if approved { "approve-once" } else { "deny" };
@@ -218,7 +233,11 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
     assert!(rate_limited > 0, "the burst went past the budget");
 
     // Refused: a token for another session (not allowed).
-    let scoped = token("bob", Role::Client, Some(vec!["ahp-session:/elsewhere".into()]));
+    let scoped = token(
+        "bob",
+        Role::Client,
+        Some(vec!["ahp-session:/elsewhere".into()]),
+    );
     let mut b = TestClient::connect(&url(&scoped), "bob").await;
     let seq = b.dispatch(&chat, draft("not mine")).await;
     let echo = b.wait_echo(None, seq).await;
@@ -304,13 +323,22 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
         tally.accepted,
         "every accepted dispatch and nothing else"
     );
-    assert!(get("tandem_actions_accepted_total{source=\"server\"}") > 0.0, "the agent's actions");
+    assert!(
+        get("tandem_actions_accepted_total{source=\"server\"}") > 0.0,
+        "the agent's actions"
+    );
     assert_eq!(
         get("tandem_actions_rejected_total{reason=\"rate_limited\"}") as usize,
         rate_limited
     );
-    assert_eq!(get("tandem_actions_rejected_total{reason=\"invalid\"}"), 1.0);
-    assert_eq!(get("tandem_actions_rejected_total{reason=\"not_allowed\"}"), 1.0);
+    assert_eq!(
+        get("tandem_actions_rejected_total{reason=\"invalid\"}"),
+        1.0
+    );
+    assert_eq!(
+        get("tandem_actions_rejected_total{reason=\"not_allowed\"}"),
+        1.0
+    );
     assert_eq!(get("tandem_actions_rejected_total{reason=\"store\"}"), 0.0);
     assert_eq!(get("tandem_evictions_total{cause=\"too_large\"}"), 1.0);
     assert_eq!(get("tandem_evictions_total{cause=\"overflow\"}"), 0.0);
@@ -319,12 +347,16 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
 
     for (kind, n) in [("input", 2.0), ("url", 1.0), ("tool", 2.0)] {
         assert_eq!(
-            get(&format!("tandem_interactions_opened_total{{kind=\"{kind}\"}}")),
+            get(&format!(
+                "tandem_interactions_opened_total{{kind=\"{kind}\"}}"
+            )),
             n,
             "{kind}"
         );
         assert_eq!(
-            get(&format!("tandem_interaction_settle_seconds_count{{kind=\"{kind}\"}}")),
+            get(&format!(
+                "tandem_interaction_settle_seconds_count{{kind=\"{kind}\"}}"
+            )),
             n,
             "{kind}: every settlement timed"
         );

@@ -26,8 +26,8 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::{
-    Batch, BindCommit, ChannelInfo, Commit, CommitMetrics, CommitStats, Journal, JournalError, Recovered,
-    RecoveredChannel, TurnPage,
+    Batch, BindCommit, ChannelInfo, Commit, CommitMetrics, CommitStats, Journal, JournalError,
+    Recovered, RecoveredChannel, TurnPage,
 };
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use writer::{Op, Writer};
