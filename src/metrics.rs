@@ -125,7 +125,8 @@ impl InteractionKind {
         InteractionKind::Tool,
     ];
 
-    fn as_str(self) -> &'static str {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
         match self {
             InteractionKind::Input => "input",
             InteractionKind::Url => "url",
@@ -216,6 +217,23 @@ pub struct Readings {
     pub replay_ring_bytes: usize,
 }
 
+/// A request for a person open now (the admin view's "waiting" list).
+#[derive(Debug, Clone)]
+pub struct Waiting {
+    /// The session.
+    pub session: String,
+    /// The chat.
+    pub chat: String,
+    /// The input request's or tool call's id.
+    pub id: String,
+    /// Its kind.
+    pub kind: InteractionKind,
+    /// What it asks (the request's message, or the tool's name).
+    pub title: String,
+    /// When it was opened.
+    pub since: std::time::Instant,
+}
+
 /// Every series the server exports, registered.
 pub struct Metrics {
     handle: PrometheusHandle,
@@ -244,6 +262,9 @@ pub struct Metrics {
     /// kind (a tool call is not declined, a question not approved).
     settled: [[Option<Counter>; 7]; 3],
     settle_seconds: [Histogram; 3],
+    /// Requests for a person open now, by chat and id (written when one
+    /// opens or ends, read by the admin view).
+    waiting: dashmap::DashMap<(String, String), Waiting>,
 }
 
 /// Seconds buckets of the journal's commits: 50 µs to 1 s.
@@ -425,7 +446,30 @@ impl Metrics {
             opened,
             settled,
             settle_seconds,
+            waiting: dashmap::DashMap::new(),
         }
+    }
+
+    /// `w` waits for a person from now on.
+    pub fn waiting_opened(&self, w: Waiting) {
+        self.waiting.insert((w.chat.clone(), w.id.clone()), w);
+    }
+
+    /// The request `id` of `chat` no longer waits (settled, or its chat gone).
+    pub fn waiting_ended(&self, chat: &str, id: &str) {
+        self.waiting.remove(&(chat.to_owned(), id.to_owned()));
+    }
+
+    /// Every request of `chat` no longer waits.
+    pub fn waiting_chat_gone(&self, chat: &str) {
+        self.waiting.retain(|(c, _), _| c != chat);
+    }
+
+    /// The requests waiting for a person now, the longest waiting first.
+    pub fn waiting(&self) -> Vec<Waiting> {
+        let mut all: Vec<Waiting> = self.waiting.iter().map(|w| w.value().clone()).collect();
+        all.sort_by_key(|w| w.since);
+        all
     }
 
     /// `n` actions published: `from_connections` of them sent by a

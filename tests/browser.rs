@@ -122,6 +122,7 @@ async fn the_web_client_is_served_from_the_binary() {
         ("/ahp.js", "text/javascript; charset=utf-8"),
         ("/reducers.js", "text/javascript; charset=utf-8"),
         ("/style.css", "text/css; charset=utf-8"),
+        ("/admin.js", "text/javascript; charset=utf-8"),
         ("/favicon.svg", "image/svg+xml"),
     ] {
         let (status, headers, body) = http(server.addr, "GET", path).await;
@@ -236,6 +237,56 @@ async fn the_web_client_works_over_https_and_wss() {
     assert!(
         out.status.success() && stdout.contains("pass 1") && stdout.contains("fail 0"),
         "the TLS browser test failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    server.stop().await;
+}
+
+/// The admin view (`#/admin`, `web/tests/admin.test.mjs`) against a server
+/// with auth: an admin token sees the connections, the waiting session and
+/// the metrics; a client token is refused. Writes `admin-view.png`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_view_shows_the_server_to_an_admin_only() {
+    use tandem::auth::{now_secs, Authenticator, Claims, Role};
+    let web_tests = repo().join("web/tests");
+    let dir = web_tests.clone();
+    tokio::task::spawn_blocking(move || ensure_browser_tools(&dir))
+        .await
+        .expect("install step");
+    let secret = b"admin-view-test-secret-0123456789abcdef";
+    let server = TestServer::start_with(tandem::Config {
+        auth_secret: Some(secret.to_vec()),
+        ..tandem::Config::default()
+    })
+    .await;
+    let auth = Authenticator::new(secret).expect("key");
+    let mint = |sub: &str, role| {
+        auth.mint(&Claims {
+            sub: sub.into(),
+            role,
+            exp: now_secs() + 600,
+            sessions: None,
+        })
+        .expect("mint")
+    };
+    let mut node = tokio::process::Command::new("node");
+    node.args(["--test", "--test-reporter=spec", "web/tests/admin.test.mjs"])
+        .current_dir(repo())
+        .env("TANDEM_URL", format!("http://{}/", server.addr))
+        .env("ADMIN_TOKEN", mint("ops", Role::Admin))
+        .env("CLIENT_TOKEN", mint("ann", Role::Client))
+        .env("CHROMIUM", CHROMIUM)
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(120), node.output())
+        .await
+        .expect("the admin browser test finished within 120 s")
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}\n{stderr}");
+    assert!(
+        out.status.success() && stdout.contains("pass 1") && stdout.contains("fail 0"),
+        "the admin browser test failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
     server.stop().await;

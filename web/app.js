@@ -1,5 +1,6 @@
 // Tandem web client: session list and chat view over one AHP connection.
-// Routes: #/ (sessions), #/s/<session-uuid>[/<chat-uuid>] (a chat).
+// Routes: #/ (sessions), #/s/<session-uuid>[/<chat-uuid>] (a chat), #/admin
+// (the server: connections, who waits, metrics; an admin token).
 
 import { AhpClient, ROOT, RpcError, uuid } from './ahp.js';
 import { activityOf } from './reducers.js';
@@ -7,6 +8,7 @@ import { h, setChildren, setText, reconcile } from './dom.js';
 import { renderMarkdown, inline } from './markdown.js';
 import { InputRequestCard, ToolCallCard } from './cards.js';
 import { SharedField } from './coedit.js';
+import { AdminView } from './admin.js';
 
 // A server with a secret wants a bearer token on the upgrade; a browser passes
 // it as `?token=…`, taken here from the page's own URL (`/?token=…#/`).
@@ -57,10 +59,24 @@ const crumbsEl = h('div', { class: 'crumbs' });
 const viewEl = h('main', { class: 'view' });
 const toastsEl = h('div', { class: 'toasts', 'aria-live': 'polite' });
 
+/** The role a token claims (shown links only; the server decides). */
+function tokenRole(t) {
+  try {
+    return JSON.parse(atob(t.split('.')[1].replace(/-/g, '+').replace(/_/g, '/'))).role;
+  } catch {
+    return null;
+  }
+}
+// Without a token the server has no auth (loopback): everyone is an admin.
+const adminLink = !token || tokenRole(token) === 'admin'
+  ? h('a', { class: 'admin-link', href: '#/admin', 'data-action': 'admin' }, 'Admin')
+  : null;
+
 document.getElementById('app').replaceChildren(
   h('header', { class: 'topbar' },
     h('a', { class: 'brand', href: '#/' }, h('img', { src: '/favicon.svg', alt: '', width: 22, height: 22 }), h('span', null, 'Tandem')),
     crumbsEl,
+    adminLink,
     connEl),
   viewEl,
   toastsEl);
@@ -564,7 +580,8 @@ let currentView = null;
 function route() {
   const m = location.hash.match(/^#\/s\/([\w-]+)(?:\/([\w-]+))?/);
   currentView?.dispose();
-  currentView = m ? new ChatView(m[1], m[2]) : new SessionsView();
+  if (location.hash === '#/admin') currentView = new AdminView({ token, crumbsEl });
+  else currentView = m ? new ChatView(m[1], m[2]) : new SessionsView();
   viewEl.replaceChildren(currentView.el);
 }
 

@@ -84,6 +84,11 @@ impl Hub {
         self.subscribers.lock().clone()
     }
 
+    /// The subscribers' connection ids now.
+    pub fn ids(&self) -> Vec<ConnId> {
+        self.current().iter().map(|s| s.id()).collect()
+    }
+
     /// Push a non-envelope frame (a protocol notification) about `session`
     /// to every subscriber allowed to see that session.
     pub fn notify_about(&self, session: &str, frame: &ByteString) {

@@ -45,8 +45,22 @@ pub struct Connections {
     max_per_subject: usize,
     /// Slots taken, including upgrades not answered yet.
     taken: Mutex<Taken>,
-    /// The queue of every connection whose upgrade went through.
-    open: DashMap<ConnId, Arc<Outbound>>,
+    /// Every connection whose upgrade went through.
+    open: DashMap<ConnId, Arc<OpenConn>>,
+}
+
+/// An open connection as the admin view lists it.
+pub struct OpenConn {
+    /// Its queue.
+    pub out: Arc<Outbound>,
+    /// Its token subject (`local` without auth).
+    pub subject: String,
+    /// Its token's role.
+    pub role: crate::auth::Role,
+    /// When its upgrade went through.
+    pub since: std::time::Instant,
+    /// Its `clientId`, once it sent `initialize` or `reconnect`.
+    pub client_id: parking_lot::Mutex<Option<String>>,
 }
 
 impl Connections {
@@ -91,7 +105,19 @@ impl Connections {
 
     /// The queues of the open connections, at this moment.
     pub fn queues(&self) -> Vec<Arc<Outbound>> {
+        self.open.iter().map(|c| c.value().out.clone()).collect()
+    }
+
+    /// The open connections, at this moment.
+    pub fn list(&self) -> Vec<Arc<OpenConn>> {
         self.open.iter().map(|c| c.value().clone()).collect()
+    }
+
+    /// Note connection `conn`'s `clientId`.
+    pub fn set_client_id(&self, conn: ConnId, client_id: &str) {
+        if let Some(c) = self.open.get(&conn) {
+            *c.client_id.lock() = Some(client_id.to_owned());
+        }
     }
 }
 
@@ -107,10 +133,17 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// The upgrade went through: list the connection's queue as open.
-    pub fn open(&mut self, out: Arc<Outbound>) {
+    /// The upgrade went through: list the connection as open.
+    pub fn open(&mut self, out: Arc<Outbound>, role: crate::auth::Role) {
         self.conn = Some(out.id());
-        self.table.open.insert(out.id(), out);
+        let conn = OpenConn {
+            out: out.clone(),
+            subject: self.subject.clone(),
+            role,
+            since: std::time::Instant::now(),
+            client_id: parking_lot::Mutex::new(None),
+        };
+        self.table.open.insert(out.id(), Arc::new(conn));
     }
 }
 
@@ -155,7 +188,7 @@ mod tests {
         assert_eq!(t.admit("c").err(), Some(Refused::Full(3)));
         drop(a1);
         let mut a3 = t.admit("a").expect("a dropped slot is free again");
-        a3.open(Arc::new(Outbound::new(10)));
+        a3.open(Arc::new(Outbound::new(10)), crate::auth::Role::Client);
         assert_eq!(t.open_len(), 1);
         drop(a3);
         assert_eq!(t.open_len(), 0, "an ended connection is no longer open");

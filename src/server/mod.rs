@@ -14,6 +14,7 @@
 //! | `socket` | the upgraded TCP stream: direct writes, the writer task, the reader; close frames; the heartbeat |
 //! | `inbound` | the client's frames: decoded, reassembled, within the frame limit |
 //! | `scrape` | `GET /metrics` (admin token when auth is on) |
+//! | `admin` | `GET /admin/overview`: connections and waiting requests for the web client's admin view |
 //!
 //! The arrows point one way: `upgrade` → `connection` → `routes` /
 //! `subscribe` / `provide` → [`crate::channels`]; `upgrade` and
@@ -23,6 +24,7 @@
 //! [`AppState`], not in the channels' context.
 
 pub mod access;
+mod admin;
 pub mod admission;
 mod cluster;
 pub mod connection;
@@ -207,6 +209,7 @@ fn http_server(
                 .route("/ahp", web::get().to(upgrade::ahp_plain))
                 .route("/healthz", web::get().to(healthz))
                 .route("/metrics", web::get().to(scrape::metrics))
+                .route("/admin/overview", web::get().to(admin::overview))
                 .configure(web_ui::routes);
             actix_http::HttpService::build()
                 .client_request_timeout(std::time::Duration::from_secs(5))

@@ -146,6 +146,9 @@ impl Connection {
         }
         // Initialized only once the subscriptions are taken: a refused
         // `initialize` leaves the connection as it was.
+        self.app
+            .connections
+            .set_client_id(self.out.id(), &p.client_id);
         self.client_id = Some(p.client_id.into());
         let subscribed = self.subscribe_many(uris, None, ctx, move |act, snaps| {
             let raws: Vec<Box<RawValue>> = snaps
@@ -207,6 +210,9 @@ impl Connection {
         if wanted.len() > max {
             return Err(subscription_limit(max));
         }
+        self.app
+            .connections
+            .set_client_id(self.out.id(), &p.client_id);
         self.client_id = Some(p.client_id.into());
         let mut present = Vec::new();
         let mut missing = Vec::new();

@@ -71,7 +71,7 @@ pub async fn serve(
             .flatten(),
     ));
     out.attach(socket.clone(), pacing);
-    slot.open(out.clone());
+    slot.open(out.clone(), principal.role);
     tracing::info!(
         conn = %out.id(),
         subject = %principal.subject,

@@ -43,6 +43,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("/dom.js", "dom.js", JS),
     asset!("/cards.js", "cards.js", JS),
     asset!("/coedit.js", "coedit.js", JS),
+    asset!("/admin.js", "admin.js", JS),
 ];
 
 /// Register a GET (and HEAD) route per embedded file.

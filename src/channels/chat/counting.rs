@@ -10,7 +10,7 @@ use ahp_types::actions::StateAction;
 use ahp_types::state::ChatInputResponseKind;
 
 use super::ChatActor;
-use crate::metrics::{InteractionKind, Settled};
+use crate::metrics::{InteractionKind, Settled, Waiting};
 
 impl ChatActor {
     /// Count `action` (just published) if it opens or ends a request for a
@@ -24,20 +24,20 @@ impl ChatActor {
                 } else {
                     InteractionKind::Input
                 };
-                if !self.asked.contains_key(&a.request.id) {
-                    self.asked
-                        .insert(a.request.id.clone(), (kind, Instant::now()));
-                    metrics.interaction_opened(kind);
-                }
-                return;
+                let title = a
+                    .request
+                    .message
+                    .clone()
+                    .or_else(|| a.request.url.as_ref().map(|u| u.to_string()))
+                    .unwrap_or_else(|| "questions".to_owned());
+                return self.opened_one(&a.request.id, kind, title);
             }
             StateAction::ChatToolCallReady(a) if a.confirmed.is_none() => {
-                if !self.asked.contains_key(&a.tool_call_id) {
-                    let opened = (InteractionKind::Tool, Instant::now());
-                    self.asked.insert(a.tool_call_id.clone(), opened);
-                    metrics.interaction_opened(InteractionKind::Tool);
-                }
-                return;
+                let title = match super::tool_name_of(&self.state, &a.tool_call_id) {
+                    Some(n) => format!("tool `{n}`"),
+                    None => "a tool call".to_owned(),
+                };
+                return self.opened_one(&a.tool_call_id, InteractionKind::Tool, title);
             }
             StateAction::ChatInputCompleted(a) => {
                 let outcome = match a.response {
@@ -67,6 +67,7 @@ impl ChatActor {
             }
             _ => return,
         };
+        metrics.waiting_ended(&self.core.uri, id);
         match self.asked.remove(id) {
             Some((kind, at)) => metrics.interaction_settled(kind, outcome, Some(at.elapsed())),
             // Opened before a restart: how long it waited is not known here.
@@ -83,8 +84,29 @@ impl ChatActor {
     /// Every request still open ended with its turn.
     fn count_all_ended(&mut self, outcome: Settled) {
         let metrics = self.core.shared.metrics.clone();
-        for (_, (kind, at)) in self.asked.drain() {
+        for (id, (kind, at)) in self.asked.drain() {
+            metrics.waiting_ended(&self.core.uri, &id);
             metrics.interaction_settled(kind, outcome, Some(at.elapsed()));
         }
+    }
+
+    /// Request `id` of `kind` waits for a person from now on (once: a
+    /// request replaced with the same id is the same request).
+    fn opened_one(&mut self, id: &str, kind: InteractionKind, title: String) {
+        if self.asked.contains_key(id) {
+            return;
+        }
+        let since = Instant::now();
+        self.asked.insert(id.to_owned(), (kind, since));
+        let metrics = &self.core.shared.metrics;
+        metrics.interaction_opened(kind);
+        metrics.waiting_opened(Waiting {
+            session: self.session.to_string(),
+            chat: self.core.uri.to_string(),
+            id: id.to_owned(),
+            kind,
+            title,
+            since,
+        });
     }
 }

@@ -381,6 +381,13 @@ impl Actor for ChatActor {
             "the server restarted while this turn was running",
         );
     }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        // Disposed: nothing of it waits for anyone any more.
+        if !self.asked.is_empty() {
+            self.core.shared.metrics.waiting_chat_gone(&self.core.uri);
+        }
+    }
 }
 
 impl Handler<ClientDispatch> for ChatActor {

@@ -1,0 +1,98 @@
+//! `GET /admin/overview`: what the admin view in the web client shows —
+//! the open connections (subject, client, subscriptions, queued bytes) and
+//! the sessions, each with the requests waiting for a person and how long
+//! they have waited. An `admin` token when auth is on, as for `/metrics`.
+
+use std::collections::HashMap;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde_json::{json, Value};
+
+use super::scrape::refusal;
+use super::AppState;
+use crate::auth::Role;
+use crate::publish::ConnId;
+
+/// `GET /admin/overview`.
+pub(super) async fn overview(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    if let Some(refused) = refusal(&req, &state) {
+        return refused;
+    }
+    let shared = &state.shared;
+    let channels = shared.registry.all();
+    // Subscriptions per connection, from every channel's subscribers.
+    let mut subscriptions: HashMap<ConnId, usize> = HashMap::new();
+    for c in &channels {
+        for id in c.hub.ids() {
+            *subscriptions.entry(id).or_default() += 1;
+        }
+    }
+    let mut connections: Vec<Value> = state
+        .connections
+        .list()
+        .iter()
+        .map(|c| {
+            let id = c.out.id();
+            json!({
+                "conn": id.to_string(),
+                "subject": c.subject,
+                "role": match c.role {
+                    Role::Client => "client",
+                    Role::Agent => "agent",
+                    Role::Admin => "admin",
+                },
+                "clientId": *c.client_id.lock(),
+                "subscriptions": subscriptions.get(&id).copied().unwrap_or(0),
+                "queuedBytes": c.out.queued_bytes(),
+                "openSecs": c.since.elapsed().as_secs(),
+            })
+        })
+        .collect();
+    connections.sort_by(|a, b| b["openSecs"].as_u64().cmp(&a["openSecs"].as_u64()));
+
+    let mut waiting_by_session: HashMap<String, Vec<Value>> = HashMap::new();
+    for w in shared.metrics.waiting() {
+        waiting_by_session
+            .entry(w.session.clone())
+            .or_default()
+            .push(json!({
+                "chat": w.chat,
+                "id": w.id,
+                "kind": w.kind.as_str(),
+                "title": w.title,
+                "waitingSecs": w.since.elapsed().as_secs_f64(),
+            }));
+    }
+    let mut chats: HashMap<&str, usize> = HashMap::new();
+    for c in channels.iter().filter(|c| c.addr.is_chat()) {
+        if let Some(s) = &c.session {
+            *chats.entry(s.as_ref()).or_default() += 1;
+        }
+    }
+    let mut sessions: Vec<Value> = channels
+        .iter()
+        .filter(|c| !c.addr.is_chat() && c.session.as_ref() == Some(&c.uri))
+        .map(|c| {
+            let waiting = waiting_by_session
+                .remove(c.uri.as_ref())
+                .unwrap_or_default();
+            json!({
+                "session": c.uri,
+                "provider": c.provider.as_deref(),
+                "chats": chats.get(c.uri.as_ref()).copied().unwrap_or(0),
+                "subscribers": c.hub.len(),
+                "waiting": waiting,
+            })
+        })
+        .collect();
+    // The sessions someone waits on first, the longest wait first.
+    let longest = |s: &Value| s["waiting"][0]["waitingSecs"].as_f64().unwrap_or(-1.0);
+    sessions.sort_by(|a, b| longest(b).total_cmp(&longest(a)));
+    HttpResponse::Ok()
+        .insert_header(("cache-control", "no-store"))
+        .json(json!({
+            "connections": connections,
+            "sessions": sessions,
+            "serverSeq": shared.publisher.current(),
+        }))
+}
