@@ -342,9 +342,12 @@ export class SharedField {
       return;
     }
     if (!r) return;
-    // Others' carets on the revision before this edit move with it.
+    // Others' carets on the revision before this edit move with it — but
+    // not over this page's own edit, which moved them when it was typed.
     for (const o of this.others.values()) {
-      if (o.caret && o.rev === a.rev - 1) Object.assign(o, { caret: mapCaret(a.op, o.caret, false), rev: a.rev });
+      if (!o.caret || o.rev !== a.rev - 1) continue;
+      if (!('acked' in r)) o.caret = mapCaret(a.op, o.caret, false);
+      o.rev = a.rev;
     }
     if ('acked' in r) {
       this.send(r.acked);

@@ -141,12 +141,14 @@ impl ChannelCore {
         action: &StateAction,
         reason: &str,
     ) {
-        tracing::info!(channel = %self.uri, client = %origin.client_id, reason, "action rejected");
-        self.shared.metrics.rejected(reason);
         let conn = match conn {
             Dispatcher::Conn(c) => c,
+            // Counted and logged on the node the client is connected to,
+            // once its rejection comes back there.
             Dispatcher::Forwarded(reply) => return reply.answer(Err(reason.to_owned())),
         };
+        tracing::info!(channel = %self.uri, client = %origin.client_id, reason, "action rejected");
+        self.shared.metrics.rejected(reason);
         let json = serde_json::to_string(action).unwrap_or_else(|_| "null".into());
         conn.push(Push::AfterLastSeq(&|last| {
             rejection_frame(&self.uri, &json, last, origin, reason)

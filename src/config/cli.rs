@@ -359,11 +359,37 @@ fn read_file(
     let text = std::fs::read_to_string(path).map_err(|e| {
         CliError::Invalid(format!("cannot read config file `{}`: {e}", path.display()))
     })?;
-    let file = ConfigFile::parse(&text)
+    let mut file = ConfigFile::parse(&text)
         .map_err(|e| CliError::Invalid(format!("config file `{}`: {e}", path.display())))?;
+    // Where the journal lives is one choice: a store given on the command
+    // line (or by its variable) replaces the file's whole choice.
+    if store_given(given) {
+        file.cluster = None;
+    }
+    if explicit(given, "lease_secs") {
+        if let Some(c) = file.cluster.as_mut() {
+            c.lease_secs = None;
+        }
+    }
     let extra = file_flags(&text, given)
         .map_err(|e| CliError::Invalid(format!("config file `{}`, {e}", path.display())))?;
     Ok((file, extra))
+}
+
+/// The keys that choose where the journal lives.
+const STORE_KEYS: [&str; 3] = ["data_dir", "in_memory", "cluster"];
+
+/// Whether flag `id` was given on the command line or by its variable.
+fn explicit(given: &clap::ArgMatches, id: &str) -> bool {
+    matches!(
+        given.value_source(id),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    )
+}
+
+/// Whether the command line (or a variable) chose where the journal lives.
+fn store_given(given: &clap::ArgMatches) -> bool {
+    STORE_KEYS.iter().any(|k| explicit(given, k))
 }
 
 /// The flags a config file's keys stand for, for the keys whose flag was
@@ -398,10 +424,11 @@ fn file_flags(text: &str, given: &clap::ArgMatches) -> Result<Vec<OsString>, Str
                 "line {line}: unknown key `{key}`{hint} (the keys are the `serve` flags' names with `_` for `-`: `tandem serve --help`)"
             ));
         };
-        let explicit = matches!(
-            given.value_source(&key),
-            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-        );
+        let explicit = explicit(given, &key)
+            || (STORE_KEYS.contains(&key.as_str()) && store_given(given))
+            // The secret's own variable wins over a file naming a secret file.
+            || (key == "auth_secret_file"
+                && std::env::var_os(crate::auth::SECRET_ENV).is_some_and(|v| !v.is_empty()));
         let long = format!("--{}", arg.get_long().unwrap_or_default());
         let switch = matches!(arg.get_action(), clap::ArgAction::SetTrue);
         let many = matches!(arg.get_action(), clap::ArgAction::Append);
@@ -424,21 +451,27 @@ fn file_flags(text: &str, given: &clap::ArgMatches) -> Result<Vec<OsString>, Str
         for v in values {
             // Checked by the flag's own parser, so the message names the key.
             let flag = OsString::from(format!("{long}={v}"));
-            cmd.clone()
+            let checked = match cmd
+                .clone()
                 .try_get_matches_from([OsString::from("serve"), flag])
-                .map_err(|e| {
-                    let text = e.to_string();
-                    let mut lines = text.lines();
-                    let why = lines
-                        .next()
-                        .unwrap_or_default()
-                        .trim_start_matches("error: ");
-                    let values = lines
-                        .find(|l| l.contains("possible values"))
-                        .map(|l| format!(" {}", l.trim()))
-                        .unwrap_or_default();
-                    format!("line {line}: `{key}`: {why}{values}")
-                })?;
+            {
+                // The value is fine; a flag it needs is another key's job.
+                Err(e) if e.kind() == clap::error::ErrorKind::MissingRequiredArgument => Ok(()),
+                r => r.map(|_| ()),
+            };
+            checked.map_err(|e| {
+                let text = e.to_string();
+                let mut lines = text.lines();
+                let why = lines
+                    .next()
+                    .unwrap_or_default()
+                    .trim_start_matches("error: ");
+                let values = lines
+                    .find(|l| l.contains("possible values"))
+                    .map(|l| format!(" {}", l.trim()))
+                    .unwrap_or_default();
+                format!("line {line}: `{key}`: {why}{values}")
+            })?;
             if !explicit {
                 flags.push(OsString::from(format!("{long}={v}")));
             }
@@ -578,10 +611,16 @@ impl ServeArgs {
             return Ok(Some(c));
         }
         match file.and_then(|f| f.cluster.as_ref()) {
-            Some(t) => Ok(Some(
-                t.config(self.node_id.as_deref())
-                    .map_err(anyhow::Error::msg)?,
-            )),
+            Some(t) => {
+                let mut c = t
+                    .config(self.node_id.as_deref())
+                    .map_err(anyhow::Error::msg)?;
+                if t.lease_secs.is_none() {
+                    // `--lease-secs` (or the file's `lease_secs` key).
+                    c.lease = std::time::Duration::from_secs_f64(self.lease_secs.max(1.0));
+                }
+                Ok(Some(c))
+            }
             None => Ok(None),
         }
     }
@@ -757,6 +796,28 @@ mod tests {
         assert_eq!(s.config.limits.max_connections, 9);
         assert_eq!(s.config.max_frame_bytes, 4096);
         assert_eq!(s.config.allowed_origins, ["https://flag.example"]);
+        // The store is one choice: the command line's replaces the file's.
+        let cluster = dir.file(
+            "c.toml",
+            "data_dir = \"/srv/file-data\"\n[cluster]\nurls = [\"nats://10.0.0.1:4222\"]\nnode_id = \"n1\"\nlease_secs = 4\n",
+        );
+        let cluster = cluster.to_str().expect("utf-8");
+        let s = serve_ok(&["--config", cluster, "--in-memory"]);
+        assert!(s.config.cluster.is_none() && s.config.data_dir.is_none());
+        let s = serve_ok(&["--config", cluster, "--data-dir", "/srv/flag-data"]);
+        assert!(s.config.cluster.is_none());
+        assert_eq!(
+            s.config.data_dir.as_deref(),
+            Some(std::path::Path::new("/srv/flag-data"))
+        );
+        let s = serve_ok(&["--config", cluster]);
+        let c = s.config.cluster.expect("the file's cluster");
+        assert_eq!(c.lease, std::time::Duration::from_secs(4));
+        let s = serve_ok(&["--config", cluster, "--lease-secs", "6"]);
+        assert_eq!(
+            s.config.cluster.expect("cluster").lease,
+            std::time::Duration::from_secs(6)
+        );
         // `tandem --config F` (no `serve`) reads the file the same way.
         let argv = vec!["tandem".into(), "--config".into(), path.into()];
         let Ok(Invocation::Serve(s)) = parse_from(argv, &["scripted"]) else {

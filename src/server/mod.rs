@@ -294,6 +294,8 @@ where
             let inner_addr = inner.local_addr().context("reading the loopback port")?;
             let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
             let workers = config.http_workers.max(1);
+            // The connection limit, and room for page loads beside it.
+            let max_open = config.limits.max_connections.saturating_add(256);
             std::thread::Builder::new()
                 .name("tandem-tls".into())
                 .spawn(move || {
@@ -303,11 +305,15 @@ where
                         .enable_all()
                         .build();
                     match rt {
-                        Ok(rt) => {
-                            rt.block_on(tls::terminate(listener, inner_addr, tls_config, async {
+                        Ok(rt) => rt.block_on(tls::terminate(
+                            listener,
+                            inner_addr,
+                            tls_config,
+                            max_open,
+                            async {
                                 let _ = stop_rx.await;
-                            }))
-                        }
+                            },
+                        )),
                         Err(e) => tracing::error!(error = %e, "TLS runtime not started"),
                     }
                 })
@@ -409,9 +415,6 @@ where
     tracing::info!("serving AHP");
     shutdown.await;
     tracing::info!("shutting down");
-    if let Some(stop) = tls_stop {
-        let _ = stop.send(());
-    }
     for conn in connections.queues() {
         conn.close(CloseCause::Shutdown);
     }
@@ -421,6 +424,10 @@ where
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     while connections.open_len() > 0 && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // TLS goes last: the closes above pass through it.
+    if let Some(stop) = tls_stop {
+        let _ = stop.send(());
     }
     handle.stop(true).await;
     let served = tokio::task::spawn_blocking(move || thread.join())

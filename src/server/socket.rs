@@ -244,10 +244,27 @@ impl Drop for Reader {
 struct Gone {
     out: Arc<Outbound>,
     on_gone: Option<OnGone>,
+    metrics: Arc<Metrics>,
+    /// The close frame was written (and counted, and logged).
+    close_written: bool,
 }
 
 impl Drop for Gone {
     fn drop(&mut self) {
+        if !self.close_written {
+            // Closed without its close frame going out: evicted while the
+            // socket took nothing (abandoned), or the socket failed.
+            if let Some(cause) = self.out.close_cause() {
+                self.metrics.closed(&cause);
+                tracing::info!(
+                    conn = %self.out.id(),
+                    cause = cause_name(&cause),
+                    "connection closed without its close frame (the socket took nothing more)"
+                );
+            } else {
+                tracing::info!(conn = %self.out.id(), cause = "socket", "connection closed: the socket ended");
+            }
+        }
         // Nobody writes to the socket any more; the connection has nothing
         // left to serve.
         self.out.detach();
@@ -262,9 +279,11 @@ impl Drop for Gone {
 /// one write of pushed frames per `pacing`, then the close. Calls `on_gone`
 /// when it ends, however it ends.
 pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, pacing: Duration, on_gone: OnGone) {
-    let _gone = Gone {
+    let mut gone = Gone {
         out: out.clone(),
         on_gone: Some(on_gone),
+        metrics: socket.metrics.clone(),
+        close_written: false,
     };
     let mut pacer = Pacer {
         out: &out,
@@ -275,6 +294,7 @@ pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, pacing: Duration, o
         let taken = poll_fn(|cx| pacer.poll_take(cx)).await;
         let more = taken.more;
         let (buf, closing) = encode(&out, taken, &socket.metrics);
+        gone.close_written |= closing;
         if socket.write_all(&buf).await.is_err() {
             return;
         }

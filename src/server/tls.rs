@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
@@ -122,13 +123,19 @@ fn pair_error(files: &TlsFiles, e: rustls::Error) -> TlsError {
     }
 }
 
+/// How long one side may go on after the other closed (a client that never
+/// closes its end of an evicted or idle connection is let go then).
+const LINGER: Duration = Duration::from_secs(5);
+
 /// Accept TLS connections on `public` and carry each one's plaintext to
 /// `inner` (the HTTP server's loopback address) and back, until `stop`
-/// resolves. Runs on the calling runtime.
+/// resolves; at most `max_open` at once (more wait in the listen backlog).
+/// Runs on the calling runtime.
 pub async fn terminate(
     public: std::net::TcpListener,
     inner: SocketAddr,
     config: Arc<rustls::ServerConfig>,
+    max_open: usize,
     stop: impl std::future::Future<Output = ()>,
 ) {
     public.set_nonblocking(true).ok();
@@ -140,8 +147,16 @@ pub async fn terminate(
         }
     };
     let acceptor = TlsAcceptor::from(config);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_open.max(1)));
     tokio::pin!(stop);
     loop {
+        let slot = tokio::select! {
+            _ = &mut stop => return,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(s) => s,
+                Err(_) => return,
+            },
+        };
         let (tcp, peer) = tokio::select! {
             _ = &mut stop => return,
             accepted = listener.accept() => match accepted {
@@ -156,6 +171,7 @@ pub async fn terminate(
         };
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(why) = carry(acceptor, tcp, inner).await {
                 tracing::debug!(%peer, why, "TLS connection ended");
             }
@@ -167,18 +183,34 @@ pub async fn terminate(
 /// closes.
 async fn carry(acceptor: TlsAcceptor, tcp: TcpStream, inner: SocketAddr) -> Result<(), String> {
     let _ = tcp.set_nodelay(true);
-    let mut tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+    let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
         .await
         .map_err(|_| "the TLS handshake timed out".to_owned())?
         .map_err(|e| format!("TLS handshake failed: {e}"))?;
-    let mut plain = TcpStream::connect(inner)
+    let plain = TcpStream::connect(inner)
         .await
         .map_err(|e| format!("the HTTP server is not reachable: {e}"))?;
     let _ = plain.set_nodelay(true);
-    tokio::io::copy_bidirectional(&mut tls, &mut plain)
-        .await
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    let (mut tls_in, mut tls_out) = tokio::io::split(tls);
+    let (mut plain_in, mut plain_out) = plain.into_split();
+    let up = async {
+        let r = tokio::io::copy(&mut tls_in, &mut plain_out).await;
+        let _ = plain_out.shutdown().await;
+        r
+    };
+    let down = async {
+        let r = tokio::io::copy(&mut plain_in, &mut tls_out).await;
+        let _ = tls_out.shutdown().await;
+        r
+    };
+    tokio::pin!(up, down);
+    // When one side is done the other gets `LINGER` to finish (the server's
+    // close frame going out, the client's last bytes coming in).
+    let first = tokio::select! {
+        r = &mut up => { let _ = tokio::time::timeout(LINGER, &mut down).await; r }
+        r = &mut down => { let _ = tokio::time::timeout(LINGER, &mut up).await; r }
+    };
+    first.map(|_| ()).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -14,8 +14,9 @@ use crate::metrics::{InteractionKind, Settled, Waiting};
 
 impl ChatActor {
     /// Count `action` (just published) if it opens or ends a request for a
-    /// person.
-    pub(super) fn count_interactions(&mut self, action: &StateAction) {
+    /// person; tool calls in `decided` were settled by the host in the batch
+    /// that showed them, and are not counted.
+    pub(super) fn count_interactions(&mut self, action: &StateAction, decided: &[String]) {
         let metrics = &self.core.shared.metrics;
         let (id, outcome) = match action {
             StateAction::ChatInputRequested(a) => {
@@ -31,6 +32,13 @@ impl ChatActor {
                     .or_else(|| a.request.url.as_ref().map(|u| u.to_string()))
                     .unwrap_or_else(|| "questions".to_owned());
                 return self.opened_one(&a.request.id, kind, title);
+            }
+            StateAction::ChatToolCallReady(a) if decided.contains(&a.tool_call_id) => return,
+            StateAction::ChatToolCallConfirmed(a)
+                if decided.contains(&a.tool_call_id)
+                    && !self.asked.contains_key(&a.tool_call_id) =>
+            {
+                return
             }
             StateAction::ChatToolCallReady(a) if a.confirmed.is_none() => {
                 let title = match super::tool_name_of(&self.state, &a.tool_call_id) {

@@ -321,8 +321,18 @@ impl ChannelActor for ChatActor {
         for (a, seq) in &batch {
             self.note_opened(&a.action, *seq);
         }
+        // A tool call the host refused in the same batch that showed it
+        // (a session's denial of the tool) never waited for a person.
+        let decided: Vec<String> = batch
+            .iter()
+            .filter(|(a, _)| a.origin.is_none())
+            .filter_map(|(a, _)| match &a.action {
+                StateAction::ChatToolCallConfirmed(c) => Some(c.tool_call_id.clone()),
+                _ => None,
+            })
+            .collect();
         for (a, _) in batch {
-            self.count_interactions(&a.action);
+            self.count_interactions(&a.action, &decided);
             self.texts_after_publish(ctx, &a.action, a.origin.is_some());
             self.after_publish(ctx, a.action);
         }
@@ -345,6 +355,12 @@ impl ChannelActor for ChatActor {
     /// the chat takes no more writes.
     fn roll_back(&mut self, ctx: &mut Context<Self>) {
         self.pending_turns.clear();
+        // What waited is read again from the store, or is another node's
+        // to count now (a demoted chat).
+        if !self.asked.is_empty() {
+            self.asked.clear();
+            self.core.shared.metrics.waiting_chat_gone(&self.core.uri);
+        }
         // Editors re-base on the text the store holds.
         self.texts.clear();
         self.pending_truncate = None;

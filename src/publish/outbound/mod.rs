@@ -181,6 +181,11 @@ impl Outbound {
         self.state.lock().close.is_some()
     }
 
+    /// Why the connection was told to close, if it was.
+    pub fn close_cause(&self) -> Option<CloseCause> {
+        self.state.lock().close.clone()
+    }
+
     /// Push a frame of the given class (see [`Push`]). Pushed frames count
     /// against the limit; one past it evicts the connection. With a
     /// [`Wire`], a frame that need not wait is written at once, on the
