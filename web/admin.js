@@ -119,6 +119,17 @@ export class AdminView {
   }
 
   async refresh() {
+    // One at a time: a slow answer must not interleave with the next.
+    if (this.busy) return;
+    this.busy = true;
+    try {
+      await this.refreshOnce();
+    } finally {
+      this.busy = false;
+    }
+  }
+
+  async refreshOnce() {
     let overview;
     let samples;
     try {
