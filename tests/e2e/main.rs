@@ -19,6 +19,7 @@ mod cluster_nodes;
 mod coediting;
 mod collaboration;
 mod commands;
+mod config_file;
 mod durability;
 mod invariants;
 mod lifecycle;
