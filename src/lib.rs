@@ -12,10 +12,10 @@
 //! | [`coedit`] | several people typing in one text at once: operations (retain / insert / delete), their transformation, the authority's copy of a text and an editor's |
 //! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements; form and link rules; the approval policy as pure functions (`interactions::policy`) |
 //! | [`providers`] | agents behind the host (implementing `channels::agent`): provider connections, the built-in `scripted` agent, operator-declared ACP agents (`providers::acp`: the process, the update mapping, permissions) |
-//! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, the socket's reader and writer, `/healthz`, the embedded browser client (`web/`) at `/`; the transport's own tables (tokens, open connections, rate buckets); a cluster node's part in the cluster (`server::cluster`) |
+//! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, the socket's reader and writer, `/healthz`, `/metrics`, `/admin/overview`, TLS in front of the HTTP server (`server::tls`), the embedded browser client (`web/`) at `/`; the transport's own tables (tokens, open connections, rate buckets); a cluster node's part in the cluster (`server::cluster`) |
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`metrics`] | what `/metrics` exports: every series registered once on the server's own recorder, counted through handles |
-//! | [`config`] | tunables and limits |
+//! | [`config`] | tunables and limits; the command line and the config file (`config::cli`: every flag a key, flags over the file) |
 //! | [`rate`] | token buckets: dispatches per connection, bytes of actions per subject |
 //! | [`ids`] | the newtypes every layer passes around: `ChannelUri`, `ClientId`, `ServerSeq`, `JournalPos`, `ConnId` (the wire sees their inner values) |
 //!
@@ -30,7 +30,7 @@
 //! providers ──► channels, interactions, publish, store, protocol, auth, config, time
 //! channels  ──► metrics, coedit, interactions, publish, store, protocol, auth, config, time
 //! metrics   ──► publish, store
-//! rate      ──► config ──► store
+//! rate      ──► config ──► store, auth
 //! interactions, publish, store, protocol, auth, time, coedit: nothing above them
 //! ids: nothing (the bottom layer)
 //! ```
