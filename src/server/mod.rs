@@ -382,6 +382,7 @@ where
                 });
                 let app_state = state.clone();
                 let server = http_server(&app_state, &config, listener)?;
+                presence::join_cluster(&state);
                 let metrics = state.shared.metrics.clone();
                 actix::spawn(async move {
                     loop {

@@ -6,9 +6,14 @@
 //! `state: "gone"` one when the connection unsubscribes or closes.
 //!
 //! Presence is not journaled: it is about people connected now. On a
-//! cluster, a node knows the presence of its own connections.
+//! cluster each node announces its connections' presence to the others
+//! (`ClusterLink::announce`, core NATS), again every [`REFRESH`] so a node
+//! that went away is forgotten: another node's entry not heard of for
+//! [`FORGET_AFTER`] is gone.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
 use parking_lot::Mutex;
@@ -17,6 +22,7 @@ use serde_json::{json, Value};
 
 use super::connection::Connection;
 use super::routes::no_chat;
+use super::AppState;
 use crate::channels::chat::TextTarget;
 use crate::channels::Channel;
 use crate::ids::{ChannelUri, ConnId};
@@ -62,28 +68,51 @@ pub struct SetPresenceParams {
     pub state: Activity,
 }
 
-/// The presence of every connection, by chat.
-#[derive(Default)]
-pub struct PresenceTable {
-    chats: Mutex<HashMap<ChannelUri, Vec<(ConnId, Value)>>>,
+/// How often a node announces its connections' presence again.
+pub const REFRESH: Duration = Duration::from_secs(5);
+/// Another node's entry not heard of for this long is gone (its node went
+/// away, or the announcement of its leaving was lost).
+pub const FORGET_AFTER: Duration = Duration::from_secs(15);
+
+/// Whose presence an entry is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Who {
+    /// A connection to this node.
+    Here(ConnId),
+    /// A connection to another node: `<node>/<conn>`.
+    There(String),
 }
 
+/// The presence of every connection, by chat: this node's and, on a
+/// cluster, what the other nodes announced (with when it was last heard).
+#[derive(Default)]
+pub struct PresenceTable {
+    chats: Mutex<HashMap<ChannelUri, Vec<Present>>>,
+}
+
+/// One entry: whose, what it says, when it was last set or heard of.
+type Present = (Who, Value, Instant);
+
 impl PresenceTable {
-    fn set(&self, chat: &ChannelUri, conn: ConnId, entry: Value) {
+    fn set(&self, chat: &ChannelUri, who: Who, entry: Value) {
         let mut chats = self.chats.lock();
         let list = chats.entry(chat.clone()).or_default();
-        match list.iter_mut().find(|(c, _)| *c == conn) {
-            Some(slot) => slot.1 = entry,
-            None => list.push((conn, entry)),
+        let now = Instant::now();
+        match list.iter_mut().find(|(w, ..)| *w == who) {
+            Some(slot) => {
+                slot.1 = entry;
+                slot.2 = now;
+            }
+            None => list.push((who, entry, now)),
         }
     }
 
-    /// Forget `conn` on `chat`; its last entry, if it had one.
-    fn leave(&self, chat: &ChannelUri, conn: ConnId) -> Option<Value> {
+    /// Forget `who` on `chat`; its last entry, if it had one.
+    fn leave(&self, chat: &ChannelUri, who: &Who) -> Option<Value> {
         let mut chats = self.chats.lock();
         let list = chats.get_mut(chat)?;
-        let i = list.iter().position(|(c, _)| *c == conn)?;
-        let (_, entry) = list.swap_remove(i);
+        let i = list.iter().position(|(w, ..)| w == who)?;
+        let (_, entry, _) = list.swap_remove(i);
         if list.is_empty() {
             chats.remove(chat);
         }
@@ -94,9 +123,138 @@ impl PresenceTable {
         self.chats
             .lock()
             .get(chat)
-            .map(|l| l.iter().map(|(_, e)| e.clone()).collect())
+            .map(|l| l.iter().map(|(_, e, _)| e.clone()).collect())
             .unwrap_or_default()
     }
+
+    /// This node's entries, to announce again.
+    fn here(&self) -> Vec<(ChannelUri, ConnId, Value)> {
+        let chats = self.chats.lock();
+        let mut out = Vec::new();
+        for (chat, list) in chats.iter() {
+            for (who, entry, _) in list {
+                if let Who::Here(conn) = who {
+                    out.push((chat.clone(), *conn, entry.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Forget the other nodes' entries not heard of since `before`; each
+    /// one forgotten, with its chat.
+    fn expire(&self, before: Instant) -> Vec<(ChannelUri, Value)> {
+        let mut chats = self.chats.lock();
+        let mut gone = Vec::new();
+        for (chat, list) in chats.iter_mut() {
+            list.retain(|(who, entry, heard)| {
+                let stale = matches!(who, Who::There(_)) && *heard < before;
+                if stale {
+                    gone.push((chat.clone(), entry.clone()));
+                }
+                !stale
+            });
+        }
+        chats.retain(|_, l| !l.is_empty());
+        gone
+    }
+}
+
+/// What a node announces of one of its connections on one chat (`entry`
+/// `None`: it left).
+#[derive(Serialize, Deserialize)]
+struct Announced {
+    node: String,
+    chat: ChannelUri,
+    conn: String,
+    entry: Option<Value>,
+}
+
+/// The entry of a connection that left: who it was, `state: "gone"`.
+fn gone(mut last: Value) -> Value {
+    if let Some(o) = last.as_object_mut() {
+        for key in ["target", "caret", "rev"] {
+            o.remove(key);
+        }
+        o.insert("state".into(), json!("gone"));
+    }
+    last
+}
+
+/// Tell the other nodes of the cluster, if any, what `conn` does on `chat`.
+fn announce(app: &AppState, chat: &ChannelUri, conn: ConnId, entry: Option<Value>) {
+    let Some(link) = app.shared.cluster.as_ref() else {
+        return;
+    };
+    let msg = Announced {
+        node: link.node().to_owned(),
+        chat: chat.clone(),
+        conn: conn.to_string(),
+        entry,
+    };
+    if let Ok(body) = serde_json::to_vec(&msg) {
+        link.announce(body);
+    }
+}
+
+/// On a cluster: hear the other nodes' presence, announce this node's again
+/// every [`REFRESH`], and forget another node's entries not heard of for
+/// [`FORGET_AFTER`]. Nothing for a single node. (Runs on the server's
+/// actix system; holds the state weakly, so it ends with the server.)
+pub(super) fn join_cluster(app: &Arc<AppState>) {
+    let Some(link) = app.shared.cluster.clone() else {
+        return;
+    };
+    let me = link.node().to_owned();
+    let weak = Arc::downgrade(app);
+    link.hear(Arc::new(move |body: Vec<u8>| {
+        let Ok(msg) = serde_json::from_slice::<Announced>(&body) else {
+            return;
+        };
+        let Some(app) = weak.upgrade() else {
+            return;
+        };
+        if msg.node == me {
+            return;
+        }
+        let who = Who::There(format!("{}/{}", msg.node, msg.conn));
+        let Some(ch) = app.shared.registry.get(&msg.chat) else {
+            return;
+        };
+        match msg.entry {
+            Some(entry) => {
+                let known = app.presence.list(&msg.chat).contains(&entry);
+                app.presence.set(&msg.chat, who, entry.clone());
+                // A refresh of what everyone here knows already is not news.
+                if !known {
+                    broadcast(&ch, &entry);
+                }
+            }
+            None => {
+                if let Some(last) = app.presence.leave(&msg.chat, &who) {
+                    broadcast(&ch, &gone(last));
+                }
+            }
+        }
+    }));
+    let weak = Arc::downgrade(app);
+    actix::spawn(async move {
+        loop {
+            tokio::time::sleep(REFRESH).await;
+            let Some(app) = weak.upgrade() else {
+                return;
+            };
+            for (chat, conn, entry) in app.presence.here() {
+                announce(&app, &chat, conn, Some(entry));
+            }
+            let before = Instant::now().checked_sub(FORGET_AFTER);
+            for (chat, last) in before.map(|b| app.presence.expire(b)).unwrap_or_default() {
+                if let Some(ch) = app.shared.registry.get(&chat) {
+                    broadcast(&ch, &gone(last));
+                }
+            }
+        }
+    });
 }
 
 impl Connection {
@@ -148,8 +306,9 @@ impl Connection {
         });
         self.app
             .presence
-            .set(&p.channel, self.out.id(), entry.clone());
+            .set(&p.channel, Who::Here(self.out.id()), entry.clone());
         broadcast(&ch, &entry);
+        announce(&self.app, &p.channel, self.out.id(), Some(entry));
         self.reply(&id, &Value::Null);
         Ok(())
     }
@@ -178,19 +337,14 @@ impl Connection {
     /// This connection left `chat` (unsubscribed or closed): if it had said
     /// where it was, everyone hears it is gone.
     pub(super) fn leave_presence(&self, chat: &ChannelUri) {
-        let Some(mut last) = self.app.presence.leave(chat, self.out.id()) else {
+        let Some(last) = self.app.presence.leave(chat, &Who::Here(self.out.id())) else {
             return;
         };
+        announce(&self.app, chat, self.out.id(), None);
         let Some(ch) = self.app.shared.registry.get(chat) else {
             return;
         };
-        if let Some(o) = last.as_object_mut() {
-            for key in ["target", "caret", "rev"] {
-                o.remove(key);
-            }
-            o.insert("state".into(), json!("gone"));
-        }
-        broadcast(&ch, &last);
+        broadcast(&ch, &gone(last));
     }
 }
 
@@ -199,4 +353,36 @@ fn broadcast(ch: &Channel, params: &Value) {
     let session = ch.session.as_deref().unwrap_or(ch.uri.as_str());
     let frame = ByteString::from(encode_notification(PRESENCE, params));
     ch.hub.notify_about(session, &frame);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn other_nodes_entries_are_forgotten_when_not_heard_of_and_this_nodes_never() {
+        let t = PresenceTable::default();
+        let chat: ChannelUri = "ahp-chat:/c".into();
+        let me = ConnId::next();
+        t.set(&chat, Who::Here(me), json!({"clientId": "here"}));
+        t.set(
+            &chat,
+            Who::There("b/7".into()),
+            json!({"clientId": "there"}),
+        );
+        assert_eq!(t.list(&chat).len(), 2);
+        assert!(t
+            .expire(Instant::now() - Duration::from_secs(60))
+            .is_empty());
+        let gone = t.expire(Instant::now() + Duration::from_secs(1));
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].1["clientId"], "there");
+        assert_eq!(t.list(&chat), vec![json!({"clientId": "here"})]);
+        assert_eq!(t.here().len(), 1);
+        assert_eq!(
+            t.leave(&chat, &Who::Here(me)),
+            Some(json!({"clientId": "here"}))
+        );
+        assert!(t.list(&chat).is_empty());
+    }
 }

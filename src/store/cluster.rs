@@ -92,4 +92,11 @@ pub trait ClusterLink: Send + Sync + 'static {
 
     /// How often to look for orphaned channels.
     fn watch_every(&self) -> std::time::Duration;
+
+    /// Tell every other node `body` (best effort, not journaled: who is
+    /// looking at what now).
+    fn announce(&self, _body: Vec<u8>) {}
+
+    /// Deliver what the other nodes announce to `sink`.
+    fn hear(&self, _sink: Arc<dyn Fn(Vec<u8>) + Send + Sync>) {}
 }

@@ -586,6 +586,60 @@ async fn editors_on_two_cluster_nodes_type_together_and_go_on_after_the_owner_di
         "the error carries the text: {err}"
     );
 
+    // Presence crosses nodes: Bob (on b) is seen from a; Cat, also on b,
+    // is seen and then gone once she unsubscribes.
+    let here = |who: &'static str| {
+        let chat = chat.clone();
+        let c = &a.c;
+        async move {
+            let r: Value = c
+                .client
+                .request("tandem/listPresence", json!({"channel": chat}))
+                .await
+                .expect("listPresence");
+            r["presence"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|p| p["clientId"] == who))
+        }
+    };
+    let _: Value = b
+        .c
+        .client
+        .request(
+            "tandem/setPresence",
+            json!({"channel": chat, "target": target, "caret": {"anchor": 0, "head": 0}, "rev": b.text.rev(), "state": "active"}),
+        )
+        .await
+        .expect("setPresence");
+    eventually("a hears of Bob on b", || async {
+        here("bob").await.then_some(())
+    })
+    .await;
+    let cat = nb.client("cat").await;
+    cat.subscribe_chat(&chat).await;
+    let _: Value = cat
+        .client
+        .request(
+            "tandem/setPresence",
+            json!({"channel": chat, "target": target, "state": "idle"}),
+        )
+        .await
+        .expect("setPresence");
+    eventually("a hears of Cat on b", || async {
+        here("cat").await.then_some(())
+    })
+    .await;
+    let _: Value = cat
+        .client
+        .request("unsubscribe", json!({"channel": chat}))
+        .await
+        .expect("unsubscribe");
+    eventually("a hears Cat left", || async {
+        (!here("cat").await).then_some(())
+    })
+    .await;
+    assert!(here("bob").await, "Bob is still there");
+
     // The owner dies; b takes the chat over and its texts go on from the
     // revision and edit numbers the store holds.
     na.kill();

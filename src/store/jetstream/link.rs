@@ -3,8 +3,9 @@
 //! journal stream) and the channels they create or dispose (a watch on
 //! `tandem_channels`), forwarding requests to a channel's owner and
 //! answering those forwarded here (core NATS request/reply on
-//! `tandem.node.<node>`), and taking over the channels of a node that
-//! went away.
+//! `tandem.node.<node>`), announcements to every node (core NATS on
+//! `tandem.announce`: presence), and taking over the channels of a node
+//! that went away.
 //!
 //! Forwarded requests leave in the order they were made (one task sends
 //! them all) and the owner hands them to its channels in the order they
@@ -32,6 +33,8 @@ use crate::store::{JournalError, Record};
 
 /// Subject prefix of the requests forwarded to a node: `tandem.node.<node>`.
 pub const NODE_PREFIX: &str = "tandem.node";
+/// Subject of what nodes announce to each other (core NATS, not the stream).
+pub const ANNOUNCE_SUBJECT: &str = "tandem.announce";
 /// How long a forwarded request waits for its owner's answer.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a channel's owner, once looked up, is trusted.
@@ -410,6 +413,40 @@ impl ClusterLink for JetStreamJournal {
                         tracing::warn!(error = %e, "a forwarded request's answer was not sent");
                     }
                 });
+            }
+        });
+    }
+
+    fn announce(&self, body: Vec<u8>) {
+        // One task sends them all, so they leave in the order they were made
+        // (a connection's leaving never overtakes its last presence).
+        let tx = self.inner.announcer.get_or_init(|| {
+            let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+            let client = self.inner.client.clone();
+            self.inner.rt.spawn(async move {
+                while let Some(body) = rx.recv().await {
+                    if let Err(e) = client.publish(ANNOUNCE_SUBJECT, Bytes::from(body)).await {
+                        tracing::debug!(error = %e, "an announcement was not sent");
+                    }
+                }
+            });
+            tx
+        });
+        let _ = tx.send(body);
+    }
+
+    fn hear(&self, sink: Arc<dyn Fn(Vec<u8>) + Send + Sync>) {
+        let client = self.inner.client.clone();
+        self.inner.rt.spawn(async move {
+            let mut heard = match client.subscribe(ANNOUNCE_SUBJECT).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot hear the other nodes' announcements");
+                    return;
+                }
+            };
+            while let Some(m) = heard.next().await {
+                sink(m.payload.to_vec());
             }
         });
     }

@@ -193,6 +193,8 @@ struct Inner {
     client: async_nats::Client,
     /// Where each append's time and size are recorded, once set.
     commits: std::sync::OnceLock<super::CommitMetrics>,
+    /// Announcements, sent in order by one task (started on first use).
+    announcer: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>,
     /// Ends the runtime's thread when the journal goes.
     _stop: oneshot::Sender<()>,
 }
@@ -253,6 +255,7 @@ impl JetStreamJournal {
                 forward_tx: Mutex::new(None),
                 follow_from: std::sync::atomic::AtomicU64::new(0),
                 commits: std::sync::OnceLock::new(),
+                announcer: std::sync::OnceLock::new(),
                 _stop: stop_tx,
             }),
         };
