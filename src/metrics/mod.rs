@@ -14,189 +14,18 @@
 
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Level, Metadata, Recorder, Unit};
-use metrics_exporter_prometheus::{
-    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
-};
+use metrics::{Counter, Gauge, Histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::publish::outbound::CloseCause;
 use crate::store::CommitMetrics;
 
-/// Why an action was refused, as a small set of classes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RejectClass {
-    /// The connection may not do this (its token, or a person's act sent
-    /// by an agent).
-    NotAllowed,
-    /// Over the dispatch budget.
-    RateLimited,
-    /// Over a size limit.
-    TooLarge,
-    /// The store refused or is away.
-    Store,
-    /// Another cluster node runs the channel and did not take it.
-    Cluster,
-    /// The action does not apply to the state (a settled request, a turn
-    /// that is not active, a bad answer…).
-    Invalid,
-}
+mod labels;
+mod registrar;
 
-impl RejectClass {
-    const ALL: [RejectClass; 6] = [
-        RejectClass::NotAllowed,
-        RejectClass::RateLimited,
-        RejectClass::TooLarge,
-        RejectClass::Store,
-        RejectClass::Cluster,
-        RejectClass::Invalid,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RejectClass::NotAllowed => "not_allowed",
-            RejectClass::RateLimited => "rate_limited",
-            RejectClass::TooLarge => "too_large",
-            RejectClass::Store => "store",
-            RejectClass::Cluster => "cluster",
-            RejectClass::Invalid => "invalid",
-        }
-    }
-
-    /// The class of a rejection's reason (the text the dispatcher gets).
-    pub fn of(reason: &str) -> Self {
-        let r = reason.to_ascii_lowercase();
-        if r.starts_with("permissiondenied") || r.contains("person's act") || r.contains("may not")
-        {
-            RejectClass::NotAllowed
-        } else if r.starts_with("rate limited") {
-            RejectClass::RateLimited
-        } else if r.starts_with("too large") || r.contains("over the limit") {
-            RejectClass::TooLarge
-        } else if r.contains("the store") || r.starts_with("not stored") {
-            RejectClass::Store
-        } else if r.contains("another node") || r.contains("changing hands") {
-            RejectClass::Cluster
-        } else {
-            RejectClass::Invalid
-        }
-    }
-}
-
-/// Why the server closed a connection it did not want to keep.
-const EVICTIONS: [&str; 6] = [
-    "overflow",
-    "idle",
-    "too_large",
-    "malformed",
-    "invalid_text",
-    "token_expired",
-];
-
-/// The eviction label of a close, `None` for an ordinary close.
-fn eviction(cause: &CloseCause) -> Option<usize> {
-    let i = match cause {
-        CloseCause::Overflow => 0,
-        CloseCause::Protocol(_) => 1,
-        CloseCause::TooLarge(_) => 2,
-        CloseCause::Malformed(_) => 3,
-        CloseCause::InvalidText(_) => 4,
-        CloseCause::TokenExpired => 5,
-        CloseCause::Normal | CloseCause::ClientClosed(_) | CloseCause::Shutdown => return None,
-    };
-    Some(i)
-}
-
-/// What kind of interaction a person is asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum InteractionKind {
-    /// Questions (a form, a confirmation, free text).
-    Input,
-    /// A URL to visit.
-    Url,
-    /// A tool call to approve.
-    Tool,
-}
-
-impl InteractionKind {
-    const ALL: [InteractionKind; 3] = [
-        InteractionKind::Input,
-        InteractionKind::Url,
-        InteractionKind::Tool,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InteractionKind::Input => "input",
-            InteractionKind::Url => "url",
-            InteractionKind::Tool => "tool",
-        }
-    }
-}
-
-/// How an interaction ended, as the metrics count it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settled {
-    /// Completed with `accept`.
-    Answered,
-    /// Completed with `decline`.
-    Declined,
-    /// Completed with `cancel`.
-    Cancelled,
-    /// Tool call approved.
-    Approved,
-    /// Tool call denied.
-    Denied,
-    /// The turn was cancelled (or truncated away) while it was open.
-    Interrupted,
-    /// The turn ended (completed, failed) while it was open.
-    Abandoned,
-}
-
-impl Settled {
-    const ALL: [Settled; 7] = [
-        Settled::Answered,
-        Settled::Declined,
-        Settled::Cancelled,
-        Settled::Approved,
-        Settled::Denied,
-        Settled::Interrupted,
-        Settled::Abandoned,
-    ];
-
-    /// Whether a request of `kind` can end this way.
-    fn happens_to(self, kind: InteractionKind) -> bool {
-        match self {
-            Settled::Interrupted | Settled::Abandoned => true,
-            Settled::Approved | Settled::Denied => kind == InteractionKind::Tool,
-            Settled::Answered | Settled::Declined | Settled::Cancelled => {
-                kind != InteractionKind::Tool
-            }
-        }
-    }
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Settled::Answered => "answered",
-            Settled::Declined => "declined",
-            Settled::Cancelled => "cancelled",
-            Settled::Approved => "approved",
-            Settled::Denied => "denied",
-            Settled::Interrupted => "interrupted",
-            Settled::Abandoned => "abandoned",
-        }
-    }
-}
-
-/// How a `reconnect` was answered.
-#[derive(Debug, Clone, Copy)]
-pub enum ReconnectAnswer {
-    /// The missed envelopes.
-    Replay,
-    /// Fresh snapshots.
-    Snapshot,
-}
+use labels::{eviction, EVICTIONS};
+pub use labels::{InteractionKind, ReconnectAnswer, RejectClass, Settled, Waiting};
+use registrar::Registrar;
 
 /// Figures read when `/metrics` is scraped.
 #[derive(Debug, Clone, Copy, Default)]
@@ -215,23 +44,6 @@ pub struct Readings {
     pub agent_processes: usize,
     /// Bytes of envelopes in the replay ring.
     pub replay_ring_bytes: usize,
-}
-
-/// A request for a person open now (the admin view's "waiting" list).
-#[derive(Debug, Clone)]
-pub struct Waiting {
-    /// The session.
-    pub session: String,
-    /// The chat.
-    pub chat: String,
-    /// The input request's or tool call's id.
-    pub id: String,
-    /// Its kind.
-    pub kind: InteractionKind,
-    /// What it asks (the request's message, or the tool's name).
-    pub title: String,
-    /// When it was opened.
-    pub since: std::time::Instant,
 }
 
 /// Every series the server exports, registered.
@@ -564,64 +376,6 @@ fn kind_index(kind: InteractionKind) -> usize {
         .unwrap_or(0)
 }
 
-/// Registers series on one recorder, with their help text.
-struct Registrar<'a> {
-    recorder: &'a PrometheusRecorder,
-}
-
-const META: Metadata<'static> = Metadata::new("tandem", Level::INFO, Some(module_path!()));
-
-impl Registrar<'_> {
-    fn key(name: &'static str, labels: &[(&'static str, &'static str)]) -> Key {
-        let labels: Vec<Label> = labels.iter().map(|(k, v)| Label::new(*k, *v)).collect();
-        Key::from_parts(name, labels)
-    }
-
-    fn counter(
-        &self,
-        name: &'static str,
-        help: &'static str,
-        labels: &[(&'static str, &'static str)],
-    ) -> Counter {
-        self.recorder
-            .describe_counter(KeyName::from_const_str(name), None, help.into());
-        let c = self
-            .recorder
-            .register_counter(&Self::key(name, labels), &META);
-        // Exported at zero from the start, not from its first count.
-        c.increment(0);
-        c
-    }
-
-    fn gauge(
-        &self,
-        name: &'static str,
-        help: &'static str,
-        labels: &[(&'static str, &'static str)],
-    ) -> Gauge {
-        self.recorder
-            .describe_gauge(KeyName::from_const_str(name), None, help.into());
-        let g = self
-            .recorder
-            .register_gauge(&Self::key(name, labels), &META);
-        g.set(0.0);
-        g
-    }
-
-    fn histogram(
-        &self,
-        name: &'static str,
-        help: &'static str,
-        unit: Option<Unit>,
-        labels: &[(&'static str, &'static str)],
-    ) -> Histogram {
-        self.recorder
-            .describe_histogram(KeyName::from_const_str(name), unit, help.into());
-        self.recorder
-            .register_histogram(&Self::key(name, labels), &META)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -666,7 +420,7 @@ mod tests {
     #[test]
     fn the_grafana_dashboard_uses_only_exported_series() {
         let dashboard: serde_json::Value =
-            serde_json::from_str(include_str!("../docs/grafana/tandem-dashboard.json"))
+            serde_json::from_str(include_str!("../../docs/grafana/tandem-dashboard.json"))
                 .expect("the dashboard is JSON");
         let m = Metrics::new();
         m.commits().seconds.record(0.001);
