@@ -150,14 +150,43 @@ async fn the_web_client_is_served_from_the_binary() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_web_client_works_in_headless_chromium() {
+/// Install what the page tests need, then run `file` (under `web/tests/`)
+/// with Node and `env`; it must pass `passes` tests within `limit`.
+async fn run_page_tests(file: &str, env: &[(&str, String)], passes: usize, limit: Duration) {
     let web_tests = repo().join("web/tests");
-    let dir = web_tests.clone();
-    tokio::task::spawn_blocking(move || ensure_browser_tools(&dir))
+    tokio::task::spawn_blocking(move || ensure_browser_tools(&web_tests))
         .await
         .expect("install step");
+    let mut node = tokio::process::Command::new("node");
+    node.args([
+        "--test",
+        "--test-reporter=spec",
+        &format!("web/tests/{file}"),
+    ])
+    .current_dir(repo())
+    .env("CHROMIUM", CHROMIUM)
+    .envs(env.iter().map(|(k, v)| (k, v)))
+    .kill_on_drop(true);
+    let out = tokio::time::timeout(limit, node.output())
+        .await
+        .unwrap_or_else(|_| panic!("{file} finished within {limit:?}"))
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "{file} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains(&format!("pass {passes}")) && stdout.contains("fail 0"),
+        "all {passes} tests of {file} ran:\n{stdout}"
+    );
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_client_works_in_headless_chromium() {
     // The test ACP agent sits behind the server, for the bridge's page test.
     let agent =
         tandem::config::AgentSpec::new("acp-test", agent_bin().to_string_lossy(), Vec::new());
@@ -166,32 +195,14 @@ async fn the_web_client_works_in_headless_chromium() {
         ..tandem::Config::default()
     })
     .await;
-    let mut node = tokio::process::Command::new("node");
-    node.args([
-        "--test",
-        "--test-reporter=spec",
-        "web/tests/browser.test.mjs",
-    ])
-    .current_dir(repo())
-    .env("TANDEM_URL", format!("http://{}/", server.addr))
-    .env("CHROMIUM", CHROMIUM)
-    .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(180), node.output())
-        .await
-        .expect("the browser test finished within 180 s")
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}\n{stderr}");
-    assert!(
-        out.status.success(),
-        "browser test failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    assert!(
-        stdout.contains("pass 5") && stdout.contains("fail 0"),
-        "all five browser tests ran:\n{stdout}"
-    );
+    let url = format!("http://{}/", server.addr);
+    run_page_tests(
+        "browser.test.mjs",
+        &[("TANDEM_URL", url)],
+        5,
+        Duration::from_secs(180),
+    )
+    .await;
     server.stop().await;
 }
 
@@ -200,45 +211,21 @@ async fn the_web_client_works_in_headless_chromium() {
 /// certificate made here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_client_works_over_https_and_wss() {
-    let web_tests = repo().join("web/tests");
-    let dir = web_tests.clone();
-    tokio::task::spawn_blocking(move || ensure_browser_tools(&dir))
-        .await
-        .expect("install step");
     let scratch = temp_dir("browser-tls");
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("certificate");
-    let files = tandem::config::TlsFiles {
-        cert: scratch.join("cert.pem"),
-        key: scratch.join("key.pem"),
-    };
-    std::fs::write(&files.cert, cert.cert.pem()).expect("cert.pem");
-    std::fs::write(&files.key, cert.signing_key.serialize_pem()).expect("key.pem");
+    let (files, _) = test_certificate(&scratch);
     let server = TestServer::start_with(tandem::Config {
         tls: Some(files),
         ..tandem::Config::default()
     })
     .await;
-    let mut node = tokio::process::Command::new("node");
-    node.args(["--test", "--test-reporter=spec", "web/tests/tls.test.mjs"])
-        .current_dir(repo())
-        .env(
-            "TANDEM_URL",
-            format!("https://localhost:{}/", server.addr.port()),
-        )
-        .env("CHROMIUM", CHROMIUM)
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(120), node.output())
-        .await
-        .expect("the TLS browser test finished within 120 s")
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}\n{stderr}");
-    assert!(
-        out.status.success() && stdout.contains("pass 1") && stdout.contains("fail 0"),
-        "the TLS browser test failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
+    let url = format!("https://localhost:{}/", server.addr.port());
+    run_page_tests(
+        "tls.test.mjs",
+        &[("TANDEM_URL", url)],
+        1,
+        Duration::from_secs(120),
+    )
+    .await;
     server.stop().await;
 }
 
@@ -248,11 +235,6 @@ async fn the_web_client_works_over_https_and_wss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_view_shows_the_server_to_an_admin_only() {
     use tandem::auth::{now_secs, Authenticator, Claims, Role};
-    let web_tests = repo().join("web/tests");
-    let dir = web_tests.clone();
-    tokio::task::spawn_blocking(move || ensure_browser_tools(&dir))
-        .await
-        .expect("install step");
     let secret = b"admin-view-test-secret-0123456789abcdef";
     let server = TestServer::start_with(tandem::Config {
         auth_secret: Some(secret.to_vec()),
@@ -269,26 +251,12 @@ async fn the_admin_view_shows_the_server_to_an_admin_only() {
         })
         .expect("mint")
     };
-    let mut node = tokio::process::Command::new("node");
-    node.args(["--test", "--test-reporter=spec", "web/tests/admin.test.mjs"])
-        .current_dir(repo())
-        .env("TANDEM_URL", format!("http://{}/", server.addr))
-        .env("ADMIN_TOKEN", mint("ops", Role::Admin))
-        .env("CLIENT_TOKEN", mint("ann", Role::Client))
-        .env("CHROMIUM", CHROMIUM)
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(120), node.output())
-        .await
-        .expect("the admin browser test finished within 120 s")
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}\n{stderr}");
-    assert!(
-        out.status.success() && stdout.contains("pass 1") && stdout.contains("fail 0"),
-        "the admin browser test failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
+    let env = [
+        ("TANDEM_URL", format!("http://{}/", server.addr)),
+        ("ADMIN_TOKEN", mint("ops", Role::Admin)),
+        ("CLIENT_TOKEN", mint("ann", Role::Client)),
+    ];
+    run_page_tests("admin.test.mjs", &env, 1, Duration::from_secs(120)).await;
     server.stop().await;
 }
 

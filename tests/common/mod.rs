@@ -512,6 +512,11 @@ impl ServerProcess {
     /// Start `tandem serve` on a free loopback port with `args`, its stderr
     /// in `log`.
     pub fn spawn_with(log: &std::path::Path, args: &[&str]) -> Self {
+        Self::spawn_with_env(log, args, &[])
+    }
+
+    /// [`Self::spawn_with`] with environment variables set for the server.
+    pub fn spawn_with_env(log: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         use std::io::BufRead;
         let log = std::fs::File::create(log).expect("log file");
         // `TANDEM_TEST_BIN` runs the tests against another build (e.g. the
@@ -521,6 +526,7 @@ impl ServerProcess {
         let mut child = std::process::Command::new(bin)
             .args(["serve", "--bind", "127.0.0.1:0"])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .stderr(log)
             .spawn()
@@ -698,4 +704,18 @@ pub fn agent_bin() -> std::path::PathBuf {
             dir.join("examples").join("acp_test_agent")
         })
         .clone()
+}
+
+/// A self-signed certificate for `localhost` and 127.0.0.1, written as PEM
+/// files in `dir`; the certificate's DER for the clients to trust.
+pub fn test_certificate(dir: &std::path::Path) -> (tandem::config::TlsFiles, Vec<u8>) {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+        .expect("a certificate");
+    let files = tandem::config::TlsFiles {
+        cert: dir.join("cert.pem"),
+        key: dir.join("key.pem"),
+    };
+    std::fs::write(&files.cert, cert.cert.pem()).expect("cert.pem");
+    std::fs::write(&files.key, cert.signing_key.serialize_pem()).expect("key.pem");
+    (files, cert.cert.der().to_vec())
 }

@@ -5,8 +5,7 @@
 
 use crate::common;
 
-use std::io::BufRead;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::*;
 use futures_util::{SinkExt, StreamExt};
@@ -69,23 +68,14 @@ async fn a_server_takes_the_files_keys_and_its_environment_wins() {
     )
     .expect("write");
     let log = dir.join("server.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
-        .args(["serve", "--bind", "127.0.0.1:0", "--config"])
-        .arg(&file)
-        .env("TANDEM_LOG_FORMAT", "json")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("spawn tandem");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("the listening line");
-    let addr = line.trim().rsplit("://").next().expect("addr").to_owned();
+    let mut server = ServerProcess::spawn_with_env(
+        &log,
+        &["--config", file.to_str().expect("utf-8")],
+        &[("TANDEM_LOG_FORMAT", "json")],
+    );
 
     // The file's frame limit holds.
-    let url = format!("ws://{addr}/ahp");
-    let (mut ws, _) = tokio_tungstenite::connect_async(&url)
+    let (mut ws, _) = tokio_tungstenite::connect_async(server.url())
         .await
         .expect("connect");
     let _ = ws
@@ -102,8 +92,7 @@ async fn a_server_takes_the_files_keys_and_its_environment_wins() {
         }
     }
     assert_eq!(code, Some(CloseCode::Size));
-    let _ = child.kill();
-    let _ = child.wait();
+    server.kill();
     // The environment's log format won over the file's.
     let text = std::fs::read_to_string(&log).expect("log");
     assert!(!text.is_empty());

@@ -12,20 +12,6 @@ use tandem::config::TlsFiles;
 use tandem::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A self-signed certificate for `localhost` and 127.0.0.1, written as PEM
-/// files in `dir`; the certificate's DER for the clients to trust.
-pub fn test_certificate(dir: &std::path::Path) -> (TlsFiles, Vec<u8>) {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
-        .expect("a certificate");
-    let files = TlsFiles {
-        cert: dir.join("cert.pem"),
-        key: dir.join("key.pem"),
-    };
-    std::fs::write(&files.cert, cert.cert.pem()).expect("cert.pem");
-    std::fs::write(&files.key, cert.signing_key.serialize_pem()).expect("key.pem");
-    (files, cert.cert.der().to_vec())
-}
-
 /// A rustls client trusting only `der`.
 fn client_tls(der: &[u8]) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();

@@ -9,21 +9,14 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { chromium } from 'playwright-core';
+import { launch } from './chromium.mjs';
 
 const BASE = (process.env.TANDEM_URL ?? 'https://localhost:7420/').replace(/\/?$/, '/');
 
 let browser;
 
 before(async () => {
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-    args: [
-      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync',
-      '--ignore-certificate-errors',
-    ],
-  });
+  browser = await launch(['--ignore-certificate-errors']);
 });
 
 after(async () => {
