@@ -101,6 +101,40 @@ impl Editor {
     }
 }
 
+/// `a` types `wa` and `b` types `wb`, keystroke by keystroke in turn, each
+/// typed before the other's edits are seen (with `peek`, `a` catches up on
+/// what arrived every fourth keystroke); then both settle on the last
+/// revision and must show one text, which is returned.
+async fn type_together(a: &mut Editor, b: &mut Editor, wa: &str, wb: &str, peek: bool) -> String {
+    let (ca, cb): (Vec<char>, Vec<char>) = (wa.chars().collect(), wb.chars().collect());
+    for i in 0..ca.len().max(cb.len()) {
+        if let Some(ch) = ca.get(i) {
+            a.type_str(&ch.to_string()).await;
+        }
+        if let Some(ch) = cb.get(i) {
+            b.type_str(&ch.to_string()).await;
+        }
+        if peek && i % 4 == 3 {
+            while let Ok(Some(env)) =
+                tokio::time::timeout(std::time::Duration::from_millis(20), async {
+                    Some(a.c.next_envelope().await)
+                })
+                .await
+            {
+                a.apply(&env).await;
+            }
+        }
+    }
+    a.until(|e| e.text.settled()).await;
+    b.until(|e| e.text.settled()).await;
+    let final_rev = a.text.rev().max(b.text.rev());
+    a.until(|e| e.text.rev() == final_rev).await;
+    b.until(|e| e.text.rev() == final_rev).await;
+    let merged = a.text.text();
+    assert_eq!(b.text.text(), merged, "both editors converge");
+    merged
+}
+
 /// The edit a `tandem/textEdited` envelope carries for `target`.
 fn edit_of(env: &ActionEnvelope, target: &Value) -> Option<Edit> {
     let StateAction::Unknown(v) = &env.action else {
@@ -159,33 +193,7 @@ async fn two_editors_type_into_one_answer_and_a_plain_client_sees_and_overwrites
     // every edit after the first is made on a revision the server has moved
     // past, and is carried over what came between.
     let (wa, wb) = ("fixes the login loop ", "adds dark mode ");
-    let (ca, cb): (Vec<char>, Vec<char>) = (wa.chars().collect(), wb.chars().collect());
-    for i in 0..ca.len().max(cb.len()) {
-        if let Some(ch) = ca.get(i) {
-            a.type_str(&ch.to_string()).await;
-        }
-        if let Some(ch) = cb.get(i) {
-            b.type_str(&ch.to_string()).await;
-        }
-        if i % 4 == 3 {
-            // Now and then each sees what arrived so far.
-            while let Ok(Some(env)) =
-                tokio::time::timeout(std::time::Duration::from_millis(20), async {
-                    Some(a.c.next_envelope().await)
-                })
-                .await
-            {
-                a.apply(&env).await;
-            }
-        }
-    }
-    a.until(|e| e.text.settled()).await;
-    b.until(|e| e.text.settled()).await;
-    let final_rev = a.text.rev().max(b.text.rev());
-    a.until(|e| e.text.rev() == final_rev).await;
-    b.until(|e| e.text.rev() == final_rev).await;
-    let merged = a.text.text();
-    assert_eq!(b.text.text(), merged, "both editors converge");
+    let merged = type_together(&mut a, &mut b, wa, wb, true).await;
     assert!(
         merged.contains(wa.trim_end()),
         "A's words kept whole: {merged:?}"
@@ -544,22 +552,7 @@ async fn editors_on_two_cluster_nodes_type_together_and_go_on_after_the_owner_di
     let mut b = Editor::open(b, &chat, target.clone()).await;
 
     let (wa, wb) = ("ship it ", "after lunch ");
-    let (ca, cb): (Vec<char>, Vec<char>) = (wa.chars().collect(), wb.chars().collect());
-    for i in 0..ca.len().max(cb.len()) {
-        if let Some(ch) = ca.get(i) {
-            a.type_str(&ch.to_string()).await;
-        }
-        if let Some(ch) = cb.get(i) {
-            b.type_str(&ch.to_string()).await;
-        }
-    }
-    a.until(|e| e.text.settled()).await;
-    b.until(|e| e.text.settled()).await;
-    let final_rev = a.text.rev().max(b.text.rev());
-    a.until(|e| e.text.rev() == final_rev).await;
-    b.until(|e| e.text.rev() == final_rev).await;
-    let merged = a.text.text();
-    assert_eq!(b.text.text(), merged, "editors on both nodes converge");
+    let merged = type_together(&mut a, &mut b, wa, wb, false).await;
     assert!(
         merged.contains(wa.trim_end()) && merged.contains(wb.trim_end()),
         "{merged:?}"
