@@ -36,6 +36,17 @@ pub enum Role {
     Admin,
 }
 
+impl Role {
+    /// Its name in tokens and logs (`client`, `agent`, `admin`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Client => "client",
+            Role::Agent => "agent",
+            Role::Admin => "admin",
+        }
+    }
+}
+
 /// The claims of a Tandem token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {

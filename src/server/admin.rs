@@ -10,7 +10,6 @@ use serde_json::{json, Value};
 
 use super::scrape::refusal;
 use super::AppState;
-use crate::auth::Role;
 use crate::publish::ConnId;
 
 /// `GET /admin/overview`.
@@ -36,11 +35,7 @@ pub(super) async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Ht
             json!({
                 "conn": id.to_string(),
                 "subject": c.subject,
-                "role": match c.role {
-                    Role::Client => "client",
-                    Role::Agent => "agent",
-                    Role::Admin => "admin",
-                },
+                "role": c.role.as_str(),
                 "clientId": *c.client_id.lock(),
                 "subscriptions": subscriptions.get(&id).copied().unwrap_or(0),
                 "queuedBytes": c.out.queued_bytes(),

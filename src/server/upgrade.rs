@@ -75,11 +75,7 @@ pub async fn serve(
     tracing::info!(
         conn = %out.id(),
         subject = %principal.subject,
-        role = match principal.role {
-            crate::auth::Role::Client => "client",
-            crate::auth::Role::Agent => "agent",
-            crate::auth::Role::Admin => "admin",
-        },
+        role = principal.role.as_str(),
         peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
         "connection opened"
     );
