@@ -140,10 +140,11 @@ pub struct ServeArgs {
     /// `relaxed`: survives a process crash, not power loss (synchronous=NORMAL).
     #[arg(long, value_enum, default_value = "full")]
     pub durability: crate::store::Durability,
-    /// Milliseconds a group commit may wait for more writes when they arrive
-    /// in a steady stream (many quiet rooms): fewer fsyncs per action, at most
-    /// this much on a durable echo. A lone write, or a writer already behind,
-    /// commits at once. 0 never waits.
+    /// Longest a group commit may wait, in milliseconds, for more writes when
+    /// they arrive in a steady stream (many quiet rooms): it waits as long as
+    /// the recent rate says a few more take, at most this; fewer fsyncs per
+    /// action, at most this much on a durable echo. A lone write, a busy
+    /// chat, or a writer already behind commits at once. 0 never waits.
     #[arg(long, default_value_t = Config::default().commit_window.as_secs_f64() * 1000.0)]
     pub commit_window_ms: f64,
     /// Envelopes kept in memory for `reconnect` replay.

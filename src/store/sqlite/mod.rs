@@ -42,10 +42,12 @@ pub enum Durability {
     Relaxed,
 }
 
-/// How long a group commit may wait for more writes by default (only under
-/// a steady stream of writes, see `writer`): fewer `fsync`s and page
-/// rewrites per write at the price of at most this much on a durable echo.
-pub const DEFAULT_COMMIT_WINDOW: Duration = Duration::from_millis(3);
+/// The longest a group commit may wait for more writes by default (only
+/// under a steady stream of writes from many quiet channels, and only as
+/// long as a few more take to arrive, see `writer`): fewer `fsync`s, page
+/// rewrites and wake-ups per write at the price of at most this much on a
+/// durable echo.
+pub const DEFAULT_COMMIT_WINDOW: Duration = Duration::from_millis(10);
 
 /// The SQLite journal.
 pub struct SqliteJournal {

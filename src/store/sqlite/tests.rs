@@ -505,26 +505,27 @@ fn a_group_waits_only_for_a_stream_of_writes_from_many_quiet_channels() {
     // A quiet store (ten writes a second): a write commits at once.
     let mut quiet = writer::Gather::new(WINDOW);
     let at = stream(&mut quiet, start, 20, Duration::from_millis(100), many);
-    assert!(!quiet.should_wait(&held("ahp-chat:/new"), at));
+    assert_eq!(quiet.wait(&held("ahp-chat:/new"), at), None);
 
     // Two thousand writes a second, each from a channel quiet for long:
     // the window brings six more, so a lone write waits for them.
     let mut rooms = writer::Gather::new(WINDOW);
     let after = stream(&mut rooms, start, 50, Duration::from_micros(500), many);
-    assert!(rooms.should_wait(&held("ahp-chat:/new"), after));
-    // A group that already holds more than the window would add commits.
+    assert!(rooms.wait(&held("ahp-chat:/new"), after).is_some());
+    // A group that already holds more than the window would add, or
+    // enough writes to spread a commit's cost, commits.
     let twelve: Vec<Op> = (0..12)
         .map(|i| append_op(&format!("ahp-chat:/new{i}"), 0, &["r"]).0)
         .collect();
-    assert!(!rooms.should_wait(&twelve, after));
+    assert_eq!(rooms.wait(&twelve, after), None);
     // A write to a channel that wrote a moment ago commits at once.
-    assert!(!rooms.should_wait(&held("ahp-chat:/49"), after));
+    assert_eq!(rooms.wait(&held("ahp-chat:/49"), after), None);
     // A pause longer than a few windows: the old rate is forgotten.
     let later = after + Duration::from_secs(1);
     let at = stream(&mut rooms, later, 1, Duration::from_micros(500), |_| {
         "ahp-chat:/late".into()
     });
-    assert!(!rooms.should_wait(&held("ahp-chat:/new"), at));
+    assert_eq!(rooms.wait(&held("ahp-chat:/new"), at), None);
 
     // The same rate from four channels appending again within
     // milliseconds (busy chats, writers waiting on each answer): no wait.
@@ -532,10 +533,47 @@ fn a_group_waits_only_for_a_stream_of_writes_from_many_quiet_channels() {
     let at = stream(&mut busy, start, 50, Duration::from_micros(500), |i| {
         format!("ahp-chat:/{}", i % 4)
     });
-    assert!(!busy.should_wait(&held("ahp-chat:/new"), at));
+    assert_eq!(busy.wait(&held("ahp-chat:/new"), at), None);
 
     // A zero window never waits.
     let mut off = writer::Gather::new(Duration::ZERO);
     let at = stream(&mut off, start, 50, Duration::from_micros(500), many);
-    assert!(!off.should_wait(&held("ahp-chat:/new"), at));
+    assert_eq!(off.wait(&held("ahp-chat:/new"), at), None);
+}
+
+#[test]
+fn a_waiting_group_waits_as_long_as_a_few_writes_take_at_most_the_window() {
+    let start = std::time::Instant::now();
+    let many = |i: usize| format!("ahp-chat:/{i}");
+    let window = Duration::from_millis(10);
+
+    // Two thousand writes a second: seven more come within 3.5 ms, so a
+    // lone write waits that long, not the whole window.
+    let mut busy = writer::Gather::new(window);
+    let at = stream(&mut busy, start, 50, Duration::from_micros(500), many);
+    let wait = busy.wait(&held("ahp-chat:/new"), at).expect("waits");
+    assert!(
+        wait > Duration::from_micros(3_400) && wait < Duration::from_micros(3_600),
+        "{wait:?}"
+    );
+    // Holding four, it waits for the four more that take 2 ms.
+    let four: Vec<Op> = (0..4)
+        .map(|i| append_op(&format!("ahp-chat:/new{i}"), 0, &["r"]).0)
+        .collect();
+    let wait = busy.wait(&four, at).expect("waits");
+    assert!(
+        wait > Duration::from_micros(1_900) && wait < Duration::from_micros(2_100),
+        "{wait:?}"
+    );
+
+    // Five hundred a second (a thousand rooms, each writing every two
+    // seconds): seven more would take 14 ms, so it waits the window.
+    let mut rooms = writer::Gather::new(window);
+    let at = stream(&mut rooms, start, 50, Duration::from_millis(2), many);
+    assert_eq!(rooms.wait(&held("ahp-chat:/new"), at), Some(window));
+
+    // Fifty a second: the window would not even double the group.
+    let mut quiet = writer::Gather::new(window);
+    let at = stream(&mut quiet, start, 50, Duration::from_millis(20), many);
+    assert_eq!(quiet.wait(&held("ahp-chat:/new"), at), None);
 }

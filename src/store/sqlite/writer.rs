@@ -4,10 +4,10 @@
 //!
 //! Under a steady stream of small writes (many quiet rooms) a group would
 //! hold one or two writes and every one would pay an `fsync` and rewrite its
-//! pages. So a group may wait up to the commit window for more
-//! ([`Gather`]) — but only when the recent arrival rate says the wait will
-//! at least double it and the writes come from channels that did not write
-//! a moment before: a lone write on a quiet server, a writer that is
+//! pages. So a group may wait for more ([`Gather`]): as long as the recent
+//! arrival rate says it takes to hold a few writes, at most the commit
+//! window — but only when that rate says the wait will at least double it
+//! and the writes come from channels that did not write a moment before: a lone write on a quiet server, a writer that is
 //! already behind (its queue holds a big group), a busy chat and a client
 //! waiting on each answer commit at once.
 //!
@@ -132,12 +132,13 @@ impl Writer {
             gather.group_started(started);
             let mut ops = vec![first];
             drain(&rx, &mut ops);
-            let waits = gather.should_wait(&ops, Instant::now());
-            if waits {
+            let wait = gather.wait(&ops, Instant::now());
+            let waits = wait.is_some();
+            if let Some(wait) = wait {
                 // Sleep rather than wait on the channel: writes that arrive
                 // meanwhile are queued without waking this thread (nor their
                 // senders paying a wake-up each); one drain takes them all.
-                let left = (started + window).saturating_duration_since(Instant::now());
+                let left = (started + wait).saturating_duration_since(Instant::now());
                 if !left.is_zero() {
                     std::thread::sleep(left);
                 }
@@ -276,6 +277,10 @@ impl Gather {
     const FORGET: Duration = Duration::from_secs(1);
     /// Groups between two prunings of `taken`.
     const PRUNE_EVERY: u32 = 1024;
+    /// Writes a waiting group aims for: with this many, a commit's fixed
+    /// cost (its `fsync`, SQLite's locks, waking the waiting chats) is
+    /// spread thin, and waiting longer would mostly add latency.
+    const TARGET: usize = 8;
 
     pub(super) fn new(window: Duration) -> Self {
         Self {
@@ -343,19 +348,29 @@ impl Gather {
         }
     }
 
-    /// Wait for more when the writes expected within the window at least
-    /// match the `held` ones (the group would at least double) and they
-    /// come from channels that do not wait on this commit: neither lately
-    /// nor in this group are most appends prompt.
-    pub(super) fn should_wait(&self, held: &[Op], now: Instant) -> bool {
+    /// How long after its start a group holding `held` waits for more
+    /// (`None`: it commits at once). It waits when it holds fewer than
+    /// [`Self::TARGET`] writes, the writes expected within the window at
+    /// least match the held ones (the group would at least double) and
+    /// they come from channels that do not wait on this commit: neither
+    /// lately nor in this group are most appends prompt. It waits as long
+    /// as the rate says the group takes to reach [`Self::TARGET`] writes,
+    /// at most the window: a busy store waits little, many quiet rooms up
+    /// to the window.
+    pub(super) fn wait(&self, held: &[Op], now: Instant) -> Option<Duration> {
         if self.window.is_zero()
+            || held.len() >= Self::TARGET
             || self.prompt >= Self::MOST_PROMPT
             || self.rate * self.window.as_secs_f64() < held.len() as f64
         {
-            return false;
+            return None;
         }
         let (appends, prompt) = self.count_prompt(held, now);
-        (prompt as f64) < Self::MOST_PROMPT * appends as f64 || appends == 0
+        if (prompt as f64) >= Self::MOST_PROMPT * appends as f64 && appends > 0 {
+            return None;
+        }
+        let fill = (Self::TARGET - held.len()) as f64 / self.rate;
+        Some(Duration::from_secs_f64(fill).min(self.window))
     }
 
     /// Appends among `ops`, and how many of them are prompt at `now`.
