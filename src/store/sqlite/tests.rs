@@ -512,8 +512,8 @@ fn a_group_waits_only_for_a_stream_of_writes_from_many_quiet_channels() {
     let mut rooms = writer::Gather::new(WINDOW);
     let after = stream(&mut rooms, start, 50, Duration::from_micros(500), many);
     assert!(rooms.wait(&held("ahp-chat:/new"), after).is_some());
-    // A group that already holds more than the window would add, or
-    // enough writes to spread a commit's cost, commits.
+    // A group that already holds more writes than the window would add,
+    // or enough to spread a commit's cost, commits at once.
     let twelve: Vec<Op> = (0..12)
         .map(|i| append_op(&format!("ahp-chat:/new{i}"), 0, &["r"]).0)
         .collect();

@@ -7,9 +7,10 @@
 //! pages. So a group may wait for more ([`Gather`]): as long as the recent
 //! arrival rate says it takes to hold a few writes, at most the commit
 //! window — but only when that rate says the wait will at least double it
-//! and the writes come from channels that did not write a moment before: a lone write on a quiet server, a writer that is
-//! already behind (its queue holds a big group), a busy chat and a client
-//! waiting on each answer commit at once.
+//! and the writes come from channels that did not write a moment before: a
+//! lone write on a quiet server, a writer that is already behind (its
+//! queue holds a big group), a busy chat and a client waiting on each
+//! answer commit at once.
 //!
 //! Inside a group, a fenced append (wrong `expected_seq`) fails alone and
 //! writes nothing. Any SQLite error — one bad write, or the commit itself —
@@ -133,7 +134,6 @@ impl Writer {
             let mut ops = vec![first];
             drain(&rx, &mut ops);
             let wait = gather.wait(&ops, Instant::now());
-            let waits = wait.is_some();
             if let Some(wait) = wait {
                 // Sleep rather than wait on the channel: writes that arrive
                 // meanwhile are queued without waking this thread (nor their
@@ -145,7 +145,7 @@ impl Writer {
                 drain(&rx, &mut ops);
             }
             gather.group_taken(&ops, Instant::now());
-            self.counters.add(ops.len(), waits);
+            self.counters.add(ops.len(), wait.is_some());
             let writes = ops.len();
             let commit_started = Instant::now();
             self.commit_group(ops);
