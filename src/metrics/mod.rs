@@ -83,6 +83,10 @@ pub struct Metrics {
 const COMMIT_BUCKETS: [f64; 12] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.25, 1.0,
 ];
+/// Seconds buckets of the journal's checkpoints: 1 ms to 2.5 s.
+const CHECKPOINT_BUCKETS: [f64; 10] = [
+    0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5,
+];
 /// Writes per group commit.
 const GROUP_BUCKETS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 /// Seconds a person took to settle an interaction: 1 s to a day.
@@ -108,6 +112,12 @@ impl Metrics {
                 b.set_buckets_for_metric(
                     Matcher::Full("tandem_journal_commit_writes".into()),
                     &GROUP_BUCKETS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("tandem_journal_checkpoint_seconds".into()),
+                    &CHECKPOINT_BUCKETS,
                 )
             })
             .and_then(|b| {
@@ -209,6 +219,14 @@ impl Metrics {
                 None,
                 &[],
             ),
+            checkpoint_seconds: ["checkpointer", "writer"].map(|thread| {
+                r.histogram(
+                    "tandem_journal_checkpoint_seconds",
+                    "Time one checkpoint of the journal's WAL took, by the thread that ran it (the writer only finishes a copy or works over the WAL's bound).",
+                    Some(Unit::Seconds),
+                    &[("thread", thread)],
+                )
+            }),
         };
         let opened = InteractionKind::ALL.map(|k| {
             r.counter(

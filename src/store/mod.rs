@@ -212,6 +212,16 @@ pub struct CommitStats {
     pub writes: u64,
     /// Commits whose group waited for more writes (the commit window).
     pub waited: u64,
+    /// Checkpoints (copies of the WAL into the database) run beside the
+    /// writer.
+    pub checkpoints: u64,
+    /// Checkpoints the writer ran itself: the last pages of each copy
+    /// beside it, or every commit while the WAL is over its bound.
+    pub writer_checkpoints: u64,
+    /// Pages in the WAL after the last commit (0 until a commit reports
+    /// it): it grows to about where checkpoints start and begins again
+    /// after each.
+    pub wal_pages: u64,
 }
 
 /// The journal's commit figures, recorded by its writer for `/metrics`
@@ -222,6 +232,9 @@ pub struct CommitMetrics {
     pub seconds: metrics::Histogram,
     /// Writes in one group commit.
     pub writes: metrics::Histogram,
+    /// Time one checkpoint took: on the checkpointer's thread, and on the
+    /// writer's.
+    pub checkpoint_seconds: [metrics::Histogram; 2],
 }
 
 /// Storage for the action log of every channel.

@@ -309,6 +309,7 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
         "tandem_reconnects_total",
         "tandem_journal_commit_seconds",
         "tandem_journal_commit_writes",
+        "tandem_journal_checkpoint_seconds",
         "tandem_interactions_opened_total",
         "tandem_interactions_settled_total",
         "tandem_interaction_settle_seconds",
@@ -390,6 +391,12 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
     let commits = get("tandem_journal_commit_seconds_count");
     assert!(commits > 0.0);
     assert_eq!(get("tandem_journal_commit_writes_count"), commits);
+    // Its checkpoints are timed by the thread that ran them (a short run
+    // fills no WAL: none yet).
+    for thread in ["checkpointer", "writer"] {
+        let key = format!("tandem_journal_checkpoint_seconds_count{{thread=\"{thread}\"}}");
+        assert_eq!(get(&key), 0.0, "{key}");
+    }
     assert_eq!(get("tandem_agent_processes"), 0.0);
     let _ = session;
     server.stop().await;

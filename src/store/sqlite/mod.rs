@@ -6,11 +6,14 @@
 //! fsync with `synchronous=FULL`), and then answers every waiter. Under load
 //! many chats' actions share each commit, which is where the throughput comes
 //! from; under a steady stream of small writes a group may wait up to the
-//! commit window for more (`writer::Gather`). Reads (start-up recovery, turn paging) use a second connection.
+//! commit window for more (`writer::Gather`). Reads (start-up recovery, turn
+//! paging) use a second connection, checkpoints a third.
 //!
 //! `schema` creates and migrates the tables, `writer` is the writer thread
-//! and its group commit, `recovery` the reads.
+//! and its group commit, `checkpoint` copies the WAL into the database
+//! beside it, `recovery` the reads.
 
+mod checkpoint;
 mod recovery;
 mod schema;
 mod writer;
@@ -79,6 +82,16 @@ impl SqliteJournal {
         durability: Durability,
         window: Duration,
     ) -> Result<Self, JournalError> {
+        Self::open_with_limits(dir, durability, window, checkpoint::Limits::DEFAULT)
+    }
+
+    /// [`Self::open_with_window`] with checkpoints at `limits`.
+    fn open_with_limits(
+        dir: &Path,
+        durability: Durability,
+        window: Duration,
+        limits: checkpoint::Limits,
+    ) -> Result<Self, JournalError> {
         schema::create_private_dir(dir).map_err(|e| {
             unavailable(format!(
                 "cannot create the data directory {}: {e}",
@@ -104,7 +117,11 @@ impl SqliteJournal {
             lens.insert(ChannelUri::from(uri), JournalPos::new(len));
         }
         let (tx, rx) = mpsc::channel();
-        let writer = Writer::new(writer, lens.clone());
+        let mut writer = Writer::new(writer, lens.clone());
+        let checkpointer = schema::open_conn(&path, durability).map_err(describe)?;
+        writer
+            .checkpoint_beside(checkpointer, limits)
+            .map_err(unavailable)?;
         let counters = writer.counters();
         std::thread::Builder::new()
             .name("tandem-journal".into())

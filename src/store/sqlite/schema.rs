@@ -69,19 +69,10 @@ const PROVIDER_OWNERS_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS provider_owners (provider TEXT PRIMARY KEY, subject TEXT NOT NULL);
 ";
 
-/// Pages the WAL holds before the writer copies them into the database.
-const WAL_PAGES_PER_CHECKPOINT: i64 = 10_000;
-
 pub(super) fn open_conn(path: &Path, durability: Durability) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    // Many rooms append to many pages; a longer WAL between checkpoints
-    // lets a checkpoint write each page once for all of its appends instead
-    // of once per few (about a quarter less written to the disk at 2,000
-    // actions/s over 1,000 chats). The WAL file grows to about this many
-    // pages (40 MB at 4 KiB) and is reused after each checkpoint.
-    conn.pragma_update(None, "wal_autocheckpoint", WAL_PAGES_PER_CHECKPOINT)?;
     conn.pragma_update(
         None,
         "synchronous",

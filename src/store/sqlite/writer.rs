@@ -27,6 +27,7 @@ use dashmap::DashMap;
 use rusqlite::{params, Connection};
 use tokio::sync::oneshot;
 
+use super::checkpoint::{By, Checkpoints, Limits};
 use super::unavailable;
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::store::{Batch, ChannelInfo, CommitMetrics, CommitStats, JournalError};
@@ -66,6 +67,9 @@ pub(super) struct Writer {
     lens: Arc<DashMap<ChannelUri, JournalPos>>,
     /// Group-commit figures (shared with the journal's `commit_stats`).
     counters: Arc<Counters>,
+    /// Who checkpoints when, once [`Self::checkpoint_beside`] is called
+    /// (until then SQLite's automatic checkpoint runs on this connection).
+    checkpoints: Option<Checkpoints>,
 }
 
 /// How the writer has grouped its commits.
@@ -74,6 +78,11 @@ pub(super) struct Counters {
     commits: AtomicU64,
     writes: AtomicU64,
     waited: AtomicU64,
+    /// Checkpoints run beside the writer, and by the writer itself.
+    checkpoints: AtomicU64,
+    writer_checkpoints: AtomicU64,
+    /// Pages in the WAL after the last commit.
+    wal_pages: AtomicU64,
     /// Where each commit's time and size are recorded, once set.
     observer: std::sync::OnceLock<CommitMetrics>,
 }
@@ -88,6 +97,28 @@ impl Counters {
         }
     }
 
+    /// A checkpoint by `by` took `took`.
+    pub(super) fn checkpointed(&self, by: By, took: Duration) {
+        let (count, thread) = match by {
+            By::Checkpointer => (&self.checkpoints, 0),
+            By::Writer => (&self.writer_checkpoints, 1),
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+        if let Some(m) = self.observer.get() {
+            m.checkpoint_seconds[thread].record(took.as_secs_f64());
+        }
+    }
+
+    /// The WAL holds `pages` after a commit.
+    pub(super) fn wal_holds(&self, pages: u32) {
+        self.wal_pages.store(u64::from(pages), Ordering::Relaxed);
+    }
+
+    /// Pages in the WAL after the last commit.
+    pub(super) fn wal_pages(&self) -> u32 {
+        u32::try_from(self.wal_pages.load(Ordering::Relaxed)).unwrap_or(u32::MAX)
+    }
+
     /// Record every later commit into `metrics` (the first call wins).
     pub(super) fn observe(&self, metrics: CommitMetrics) {
         let _ = self.observer.set(metrics);
@@ -98,6 +129,9 @@ impl Counters {
             commits: self.commits.load(Ordering::Relaxed),
             writes: self.writes.load(Ordering::Relaxed),
             waited: self.waited.load(Ordering::Relaxed),
+            checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            writer_checkpoints: self.writer_checkpoints.load(Ordering::Relaxed),
+            wal_pages: self.wal_pages.load(Ordering::Relaxed),
         }
     }
 }
@@ -115,7 +149,21 @@ impl Writer {
             next_ord,
             lens,
             counters: Arc::default(),
+            checkpoints: None,
         }
+    }
+
+    /// Checkpoint on a thread of its own, on `own` (a second connection to
+    /// the same database), rather than on this connection after a commit
+    /// (see `checkpoint`).
+    pub(super) fn checkpoint_beside(
+        &mut self,
+        own: Connection,
+        limits: Limits,
+    ) -> std::io::Result<()> {
+        let checkpoints = Checkpoints::start(&mut self.conn, own, limits, self.counters.clone())?;
+        self.checkpoints = Some(checkpoints);
+        Ok(())
     }
 
     /// The figures this writer keeps as it commits.
@@ -152,6 +200,9 @@ impl Writer {
             if let Some(m) = self.counters.observer.get() {
                 m.seconds.record(commit_started.elapsed().as_secs_f64());
                 m.writes.record(writes as f64);
+            }
+            if let Some(c) = &mut self.checkpoints {
+                c.after_commit(&self.conn);
             }
         }
     }
