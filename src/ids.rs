@@ -203,6 +203,11 @@ impl ConnId {
         static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
         ConnId(NEXT_CONN.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// Which of `slices` even shares of the connections this one is in.
+    pub fn slot(self, slices: u64) -> u64 {
+        self.0 % slices.max(1)
+    }
 }
 
 impl fmt::Display for ConnId {
@@ -214,6 +219,16 @@ impl fmt::Display for ConnId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_fall_evenly_into_slots() {
+        let mut per_slot = [0u32; 200];
+        for n in 1..=10_000 {
+            per_slot[ConnId(n).slot(200) as usize] += 1;
+        }
+        assert!(per_slot.iter().all(|n| *n == 50), "{per_slot:?}");
+        assert_eq!(ConnId(7).slot(0), 0, "no slices: one slot");
+    }
 
     #[test]
     fn ids_are_their_inner_value_on_the_wire() {

@@ -108,6 +108,16 @@ impl Connections {
         self.open.iter().map(|c| c.value().out.clone()).collect()
     }
 
+    /// The queues of the open connections in `slot` of `slices` (by id: an
+    /// even share), at this moment.
+    pub fn queues_in(&self, slot: u64, slices: u64) -> Vec<Arc<Outbound>> {
+        self.open
+            .iter()
+            .filter(|c| c.key().slot(slices) == slot)
+            .map(|c| c.value().out.clone())
+            .collect()
+    }
+
     /// The open connections, at this moment.
     pub fn list(&self) -> Vec<Arc<OpenConn>> {
         self.open.iter().map(|c| c.value().clone()).collect()
