@@ -229,3 +229,6 @@ fn run(conn: &Connection, by: By) -> Option<(i32, i32)> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
