@@ -104,9 +104,24 @@ pub fn close_reason(cause: &CloseCause) -> CloseReason {
 pub type OnGone = Box<dyn FnOnce() + Send>;
 
 /// How long, after sending its close, the server keeps reading while the
-/// client answers with its own and closes: closing a socket with unread
-/// bytes would reset the connection and could lose the close frame.
+/// client answers with its own and closes, once the client has everything
+/// (or when the kernel cannot tell): closing a socket the client still
+/// writes to (its close, a pong to a ping it has only just read) resets the
+/// connection, and a reset throws away whatever the server's kernel had not
+/// yet delivered, the close frame among it.
 const LINGER: Duration = Duration::from_secs(1);
+
+/// While the client is still taking the bytes sent before the close, the
+/// server keeps lingering, as long as the client takes some within this
+/// long, and at most [`MAX_LINGER`] in all.
+const LINGER_STALL: Duration = Duration::from_secs(5);
+
+/// The longest the server keeps a closed connection's socket for a client
+/// still reading its backlog.
+const MAX_LINGER: Duration = Duration::from_secs(30);
+
+/// How often a lingering writer looks at what the client has taken.
+const LINGER_TICK: Duration = Duration::from_millis(100);
 
 /// Bytes one read takes at most.
 const READ_CHUNK: usize = 16 * 1024;
@@ -146,6 +161,55 @@ impl Socket {
         notified.as_mut().enable();
         if !self.read_done.load(Ordering::Acquire) {
             let _ = tokio::time::timeout(limit, notified).await;
+        }
+    }
+
+    /// Bytes written to the socket that the client has not acknowledged
+    /// yet (`SIOCOUTQ`), where the kernel can tell.
+    fn unacked(&self) -> Option<usize> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let mut n: libc::c_int = 0;
+            // SAFETY: SIOCOUTQ (= TIOCOUTQ) writes one int through the
+            // pointer, which points at a live c_int; the descriptor is
+            // open for as long as `self.tcp` is.
+            let rc = unsafe { libc::ioctl(self.tcp.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+            (rc == 0).then_some(n.max(0) as usize)
+        }
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
+    /// After the close is written: keep the socket (its reader discarding
+    /// what arrives) until the client closes, while the client is still
+    /// taking what was sent before the close; then at most [`LINGER`] once
+    /// it has everything.
+    async fn linger(&self) {
+        let started = tokio::time::Instant::now();
+        let mut unacked = self.unacked();
+        let mut progress = started;
+        loop {
+            self.read_done_within(LINGER_TICK).await;
+            if self.read_done.load(Ordering::Acquire) {
+                return;
+            }
+            let now = tokio::time::Instant::now();
+            let waited = now - started;
+            let Some(left) = self.unacked() else {
+                if waited >= LINGER {
+                    return;
+                }
+                continue;
+            };
+            if unacked.is_some_and(|before| left < before) {
+                progress = now;
+            }
+            unacked = Some(left);
+            let done = left == 0 && waited >= LINGER;
+            if done || now - progress >= LINGER_STALL || waited >= MAX_LINGER {
+                return;
+            }
         }
     }
 
@@ -301,7 +365,7 @@ pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, pacing: Duration, o
         out.wrote(more);
         if closing {
             let _ = socket2::SockRef::from(&socket.tcp).shutdown(std::net::Shutdown::Write);
-            socket.read_done_within(LINGER).await;
+            socket.linger().await;
             return;
         }
     }

@@ -4,7 +4,7 @@
 use crate::common;
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ahp_types::actions::{ActionEnvelope, StateAction};
 use ahp_types::commands::ReconnectResult;
@@ -278,6 +278,9 @@ type SlowOutcome = (
     ChatMirror,
 );
 
+/// How long the slow client takes over each frame of its backlog.
+const SLOW_READ: Duration = Duration::from_millis(2);
+
 /// Read the slow client's backlog up to the close frame.
 async fn read_until_close(mut slow: Ws, mut mirror: ChatMirror) -> SlowOutcome {
     let mut last_seq = mirror.from_seq;
@@ -295,6 +298,10 @@ async fn read_until_close(mut slow: Ws, mut mirror: ChatMirror) -> SlowOutcome {
             });
         match msg {
             Message::Text(t) => {
+                // A client slower than the server's first second after its
+                // close: the server keeps the socket while the client still
+                // takes what was sent before it.
+                tokio::time::sleep(SLOW_READ).await;
                 let v: Value = serde_json::from_str(&t).expect("json frame");
                 assert_eq!(v["method"], "action", "only actions before the close: {v}");
                 let env: ActionEnvelope =
@@ -350,6 +357,10 @@ async fn evict_a_slow_client(max_replay_bytes: usize) -> Evicted {
     let server = TestServer::start_with(Config {
         outbound_limit_bytes: 64 * 1024,
         max_replay_bytes,
+        // Pings every 100 ms: the backlog the slow client reads after its
+        // eviction has pings in it, which it answers as it reads on, after
+        // the server has written its close.
+        heartbeat_interval: Duration::from_millis(100),
         // 8 MB of drafts from one connection, faster than a person's
         // budget of journaled bytes allows: this test is about eviction.
         limits: tandem::Limits {
