@@ -235,6 +235,31 @@ impl Wire for Socket {
         }
         written
     }
+
+    fn last_ack_age_ms(&self) -> Option<u64> {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: `tcp_info` is plain integers, valid when zeroed.
+            let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+            // SAFETY: the kernel writes at most `len` bytes into `info`,
+            // which lives across the call; the descriptor is open for as
+            // long as `self.tcp` is.
+            let rc = unsafe {
+                libc::getsockopt(
+                    self.tcp.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_INFO,
+                    (&raw mut info).cast(),
+                    &mut len,
+                )
+            };
+            (rc == 0).then_some(u64::from(info.tcpi_last_ack_recv))
+        }
+        #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+        None
+    }
 }
 
 thread_local! {
@@ -473,6 +498,7 @@ const MAX_BEAT_SLICES: u64 = 256;
 pub async fn heartbeat(connections: Arc<Connections>, interval: Duration, idle_timeout: Duration) {
     let interval = interval.max(Duration::from_millis(10));
     let idle_ms = idle_timeout.as_millis() as u64;
+    let interval_ms = interval.as_millis() as u64;
     let abandon_beats = idle_timeout
         .as_millis()
         .div_ceil(interval.as_millis())
@@ -487,13 +513,13 @@ pub async fn heartbeat(connections: Arc<Connections>, interval: Duration, idle_t
         let beaten = connections.queues_in(slot, slices);
         slot = (slot + 1) % slices;
         for c in beaten {
-            match c.beat(idle_ms, abandon_beats) {
+            match c.beat(idle_ms, abandon_beats, interval_ms) {
                 Beat::Idle => tracing::info!(conn = %c.id(), "closing an idle connection"),
                 Beat::Abandoned => tracing::info!(
                     conn = %c.id(),
                     "letting go of a connection whose peer never took its close"
                 ),
-                Beat::Pinged | Beat::Closing => {}
+                Beat::Pinged | Beat::Acknowledged | Beat::Closing => {}
             }
         }
     }

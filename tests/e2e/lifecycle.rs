@@ -5,7 +5,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use futures_util::StreamExt;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use tandem::Config;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -256,4 +256,75 @@ async fn disposed_sessions_leave_only_the_stated_budgets() {
         .as_u64()
         .expect("resident bytes");
     assert!(allocated > 0 && resident >= allocated, "{after}");
+}
+
+/// Pings read by `ws` within `within` (answered by tungstenite on its own).
+async fn pings_within(ws: &mut Ws, within: Duration) -> usize {
+    let mut pings = 0;
+    let until = tokio::time::Instant::now() + within;
+    while let Ok(msg) = tokio::time::timeout_at(until, ws.next()).await {
+        match msg.expect("socket open").expect("frame") {
+            Message::Ping(_) => pings += 1,
+            Message::Close(c) => panic!("closed: {c:?}"),
+            _ => {}
+        }
+    }
+    pings
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_on_a_busy_chat_is_not_pinged_while_its_tcp_acknowledges() {
+    let server = TestServer::start_with(Config {
+        heartbeat_interval: Duration::from_millis(200),
+        ..Config::default()
+    })
+    .await;
+    let driver = server.client("driver").await;
+    let (_s, chat) = driver.create_session().await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(server.url())
+        .await
+        .expect("connect");
+    for (id, method, params) in [
+        (
+            1,
+            "initialize",
+            json!({"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"listener"}),
+        ),
+        (2, "subscribe", json!({"channel": chat})),
+    ] {
+        ws.send(Message::text(
+            json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}).to_string(),
+        ))
+        .await
+        .expect("send");
+    }
+    // Quiet: the listener is pinged every interval.
+    let quiet = pings_within(&mut ws, Duration::from_millis(1000)).await;
+    assert!(
+        quiet >= 3,
+        "a quiet connection is pinged: {quiet} pings in 1 s"
+    );
+
+    // Busy: a draft every 50 ms. The listener's TCP acknowledges each, so
+    // after the first beat that saw them no ping goes out.
+    let publishing = tokio::spawn(async move {
+        for i in 0..40 {
+            driver.dispatch(&chat, draft(&format!("draft {i}"))).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        driver
+    });
+    let _ = pings_within(&mut ws, Duration::from_millis(400)).await;
+    let busy = pings_within(&mut ws, Duration::from_millis(1200)).await;
+    assert_eq!(busy, 0, "a listener taking frames is not pinged");
+    let driver = publishing.await.expect("publisher");
+
+    // Quiet again: the pings come back.
+    let after = pings_within(&mut ws, Duration::from_millis(1000)).await;
+    assert!(after >= 2, "pinged again once quiet: {after} pings in 1 s");
+    driver.client.shutdown().await;
+    server.stop().await;
 }

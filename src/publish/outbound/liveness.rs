@@ -19,6 +19,9 @@ pub fn now_ms() -> u64 {
 pub enum Beat {
     /// A ping was queued.
     Pinged,
+    /// Frames went out since the last beat and the client's TCP has
+    /// acknowledged within the interval: it is there, no ping needed.
+    Acknowledged,
     /// The client sent nothing for longer than the idle timeout: closing.
     Idle,
     /// Already closing.
@@ -40,16 +43,39 @@ impl Outbound {
         let _ = self.on_abandon.set(Box::new(f));
     }
 
-    /// The heartbeat, once per interval: close a connection whose client sent
-    /// nothing for `idle_timeout_ms`, let go of a closing one whose socket
-    /// took nothing for `abandon_beats` intervals, otherwise queue a ping
-    /// ahead of everything else.
+    /// The heartbeat, once per `interval_ms`: close a connection whose client
+    /// showed no sign of life for `idle_timeout_ms`, let go of a closing one
+    /// whose socket took nothing for `abandon_beats` intervals, otherwise
+    /// queue a ping ahead of everything else.
+    ///
+    /// A sign of life is a frame from the client, or — on a connection the
+    /// server wrote text frames to since the last beat — its TCP
+    /// acknowledging something within the interval. A subscriber that only
+    /// listens to a busy chat then costs no ping and no pong (browsers
+    /// answer pings below the page anyway, so a pong says no more about the
+    /// application than an acknowledgement); a client that only gets pings
+    /// must answer them. A client whose application stopped reading is not
+    /// kept by its kernel's acknowledgements for long: its window fills and
+    /// the byte limit evicts it.
     ///
     /// A peer that stopped reading is not judged here: a slow reader draining
     /// a large reply takes nothing for a long while and is still healthy.
     /// The byte limit evicts a reader that falls too far behind, and the
     /// kernel drops one that acknowledges nothing (`TCP_USER_TIMEOUT`).
-    pub fn beat(&self, idle_timeout_ms: u64, abandon_beats: u32) -> Beat {
+    pub fn beat(&self, idle_timeout_ms: u64, abandon_beats: u32, interval_ms: u64) -> Beat {
+        let acked_wire = {
+            let mut st = self.state.lock();
+            let sent = std::mem::take(&mut st.text_since_beat);
+            st.wire.clone().filter(|_| sent && st.close.is_none())
+        };
+        // Asked outside the lock: a system call.
+        if acked_wire
+            .and_then(|w| w.last_ack_age_ms())
+            .is_some_and(|age| age <= interval_ms)
+        {
+            self.received();
+            return Beat::Acknowledged;
+        }
         let idle_ms = now_ms().saturating_sub(self.last_rx_ms.load(Ordering::Relaxed));
         let (beat, waker) = {
             let mut st = self.state.lock();

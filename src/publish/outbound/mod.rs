@@ -79,6 +79,9 @@ struct State {
     /// Consecutive heartbeats, while closing, with no take in between (a
     /// close the socket cannot get to).
     stalled_beats: u32,
+    /// Text frames were taken for the socket since the last heartbeat (the
+    /// client's TCP acknowledging them shows it is there).
+    text_since_beat: bool,
     /// The socket, for writes made by whoever pushes (see [`Wire`]).
     wire: Option<Arc<dyn Wire>>,
     /// Least time between two writes of pushed frames (zero: no pacing).
@@ -146,6 +149,7 @@ impl Outbound {
                 takes: 0,
                 seen_takes: 0,
                 stalled_beats: 0,
+                text_since_beat: false,
                 wire: None,
                 pacing_interval: Duration::ZERO,
                 last_write: None,
@@ -479,6 +483,7 @@ fn take_frames(st: &mut State) -> VecDeque<Frame> {
     };
     st.bytes -= frames.iter().map(counted_len).sum::<usize>();
     st.reply_bytes -= frames.iter().map(reply_len).sum::<usize>();
+    st.text_since_beat |= frames.iter().any(|f| matches!(f, Frame::Text { .. }));
     frames
 }
 

@@ -1,4 +1,4 @@
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::Wake;
 
 use actix_http::ws::{OpCode, Parser};
@@ -220,7 +220,7 @@ fn paced_frames_wait_for_the_deadline_but_urgent_ones_do_not() {
 fn heartbeat_pings_a_slow_reader_without_evicting_it() {
     let o = Outbound::new(1000);
     for _ in 0..10 {
-        assert_eq!(o.beat(60_000, 3), Beat::Pinged);
+        assert_eq!(o.beat(60_000, 3, 20_000), Beat::Pinged);
     }
     assert!(!o.is_closing(), "taking nothing for a while is not a fault");
     assert_eq!(
@@ -288,10 +288,10 @@ fn a_close_the_socket_cannot_reach_abandons_the_connection_once() {
     // The peer drains steadily: never abandoned, however long it takes.
     for _ in 0..6 {
         assert!(take(&o).unwrap().more);
-        assert_eq!(o.beat(60_000, 3), Beat::Closing);
+        assert_eq!(o.beat(60_000, 3, 20_000), Beat::Closing);
     }
     // It stops: the third beat in a row without a take lets go, once.
-    let beats: Vec<Beat> = (0..6).map(|_| o.beat(60_000, 3)).collect();
+    let beats: Vec<Beat> = (0..6).map(|_| o.beat(60_000, 3, 20_000)).collect();
     assert_eq!(
         beats,
         [
@@ -315,8 +315,8 @@ fn a_ping_goes_ahead_of_a_backlog_once() {
             ByteString::from(format!("e{i}")),
         ));
     }
-    assert_eq!(o.beat(60_000, 3), Beat::Pinged);
-    assert_eq!(o.beat(60_000, 3), Beat::Pinged);
+    assert_eq!(o.beat(60_000, 3, 20_000), Beat::Pinged);
+    assert_eq!(o.beat(60_000, 3, 20_000), Beat::Pinged);
     assert_eq!(texts(&take(&o).unwrap()), ["<ping>", "e0", "e1", "e2"]);
 }
 
@@ -359,11 +359,11 @@ fn a_rejection_carries_the_last_seq_and_a_pong_is_never_held() {
 fn heartbeat_closes_an_idle_client() {
     let o = Outbound::new(1000);
     o.last_rx_ms.store(now_ms() - 5_000, Ordering::Relaxed);
-    assert_eq!(o.beat(10_000, 3), Beat::Pinged);
+    assert_eq!(o.beat(10_000, 3, 5_000), Beat::Pinged);
     o.received();
-    assert_eq!(o.beat(10_000, 3), Beat::Pinged);
+    assert_eq!(o.beat(10_000, 3, 5_000), Beat::Pinged);
     o.last_rx_ms.store(now_ms() - 11_000, Ordering::Relaxed);
-    assert_eq!(o.beat(10_000, 3), Beat::Idle);
+    assert_eq!(o.beat(10_000, 3, 5_000), Beat::Idle);
     let close = take(&o).unwrap().close;
     assert!(
         matches!(&close, Some(CloseCause::Protocol(m)) if m.starts_with("idle for")),
@@ -371,10 +371,44 @@ fn heartbeat_closes_an_idle_client() {
     );
 }
 
+#[test]
+fn heartbeat_does_not_ping_a_client_whose_tcp_acknowledged_what_it_was_sent() {
+    let o = Outbound::new(1 << 20);
+    let wire = FakeWire::with_room(1 << 20);
+    o.attach(wire.clone(), Duration::ZERO);
+    o.last_rx_ms.store(now_ms() - 9_000, Ordering::Relaxed);
+    o.push(Push::Envelope(ServerSeq::new(1), "e1".into()));
+    wire.ack_age_ms.store(100, Ordering::SeqCst);
+    assert_eq!(o.beat(10_000, 3, 5_000), Beat::Acknowledged);
+    assert_eq!(wire.texts(), ["e1"], "no ping");
+    // The acknowledgement counts as a sign of life.
+    assert!(now_ms() - o.last_rx_ms.load(Ordering::Relaxed) < 1_000);
+
+    // Nothing sent since the last beat: an old acknowledgement says
+    // nothing, so the client is pinged and must answer.
+    assert_eq!(o.beat(10_000, 3, 5_000), Beat::Pinged);
+    take(&o);
+    // Sent, but the last acknowledgement is older than the interval.
+    o.push(Push::Envelope(ServerSeq::new(2), "e2".into()));
+    wire.ack_age_ms.store(6_000, Ordering::SeqCst);
+    assert_eq!(o.beat(10_000, 3, 5_000), Beat::Pinged);
+    take(&o);
+    // A socket that cannot tell: pinged.
+    o.push(Push::Envelope(ServerSeq::new(3), "e3".into()));
+    wire.ack_age_ms.store(u64::MAX, Ordering::SeqCst);
+    assert_eq!(o.beat(10_000, 3, 5_000), Beat::Pinged);
+    take(&o);
+    // Only pings and no answer: idle as before.
+    o.last_rx_ms.store(now_ms() - 11_000, Ordering::Relaxed);
+    assert_eq!(o.beat(10_000, 3, 5_000), Beat::Idle);
+}
+
 /// A socket that takes `room` more bytes, then would block.
 struct FakeWire {
     written: Mutex<Vec<u8>>,
     room: AtomicUsize,
+    /// What `last_ack_age_ms` answers (`u64::MAX`: cannot tell).
+    ack_age_ms: AtomicU64,
 }
 
 impl FakeWire {
@@ -382,6 +416,7 @@ impl FakeWire {
         Arc::new(Self {
             written: Mutex::new(Vec::new()),
             room: AtomicUsize::new(room),
+            ack_age_ms: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -400,6 +435,10 @@ impl Wire for FakeWire {
         self.room.fetch_sub(n, Ordering::SeqCst);
         self.written.lock().extend_from_slice(&buf[..n]);
         Ok(n)
+    }
+
+    fn last_ack_age_ms(&self) -> Option<u64> {
+        Some(self.ack_age_ms.load(Ordering::SeqCst)).filter(|&a| a != u64::MAX)
     }
 }
 

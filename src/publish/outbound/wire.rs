@@ -16,6 +16,12 @@ use super::{frame_len, Frame};
 pub trait Wire: Send + Sync {
     /// Write as much of `buf` as the socket takes now, without waiting.
     fn try_write(&self, buf: &[u8]) -> std::io::Result<usize>;
+
+    /// Milliseconds since the client's TCP last acknowledged anything, where
+    /// the socket can tell.
+    fn last_ack_age_ms(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Capacity of the per-thread encoding buffer kept between direct writes.
