@@ -108,14 +108,20 @@ impl Connections {
         self.open.iter().map(|c| c.value().out.clone()).collect()
     }
 
-    /// The queues of the open connections in `slot` of `slices` (by id: an
-    /// even share), at this moment.
-    pub fn queues_in(&self, slot: u64, slices: u64) -> Vec<Arc<Outbound>> {
-        self.open
-            .iter()
-            .filter(|c| c.key().slot(slices) == slot)
-            .map(|c| c.value().out.clone())
-            .collect()
+    /// The ids of the open connections at this moment, by their slot of
+    /// `slices` (an even share each): one pass over the table for a whole
+    /// heartbeat interval.
+    pub fn ids_by_slot(&self, slices: u64) -> Vec<Vec<ConnId>> {
+        let mut slots = vec![Vec::new(); slices.max(1) as usize];
+        for c in self.open.iter() {
+            slots[c.key().slot(slices) as usize].push(*c.key());
+        }
+        slots
+    }
+
+    /// The queue of connection `conn`, while it is open.
+    pub fn queue(&self, conn: ConnId) -> Option<Arc<Outbound>> {
+        self.open.get(&conn).map(|c| c.out.clone())
     }
 
     /// The open connections, at this moment.
@@ -206,6 +212,31 @@ mod tests {
             !t.taken.lock().per_subject.contains_key("c"),
             "a refused subject leaves no entry"
         );
+    }
+
+    #[test]
+    fn the_heartbeat_lists_every_open_connection_once_by_slot() {
+        let t = Arc::new(Connections::new(100, 100));
+        let mut slots: Vec<Slot> = (0..10)
+            .map(|_| {
+                let mut s = t.admit("a").unwrap();
+                s.open(Arc::new(Outbound::new(10)), crate::auth::Role::Client);
+                s
+            })
+            .collect();
+        let by_slot = t.ids_by_slot(4);
+        assert_eq!(by_slot.len(), 4);
+        let mut all: Vec<ConnId> = by_slot.iter().flatten().copied().collect();
+        for (slot, ids) in by_slot.iter().enumerate() {
+            assert!(ids.iter().all(|id| id.slot(4) == slot as u64));
+        }
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 10, "each open connection once");
+        let gone = all[3];
+        assert!(t.queue(gone).is_some());
+        slots.retain(|s| s.conn != Some(gone));
+        assert!(t.queue(gone).is_none(), "a closed connection is skipped");
     }
 
     /// Threads race for the slots of one table and each holds what it got

@@ -38,6 +38,7 @@ use tokio::sync::Notify;
 use tokio::time::Sleep;
 
 use super::admission::Connections;
+use crate::ids::ConnId;
 use crate::metrics::Metrics;
 use crate::publish::outbound::{
     encode_frames, encoded_len, Beat, CloseCause, Outbound, Take, Taken, Wire,
@@ -508,11 +509,18 @@ pub async fn heartbeat(connections: Arc<Connections>, interval: Duration, idle_t
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     let mut slot = 0;
+    // This interval's connections by slot, listed at its first tick (a
+    // connection opened since waits for the next interval; one closed since
+    // is skipped).
+    let mut round: Vec<Vec<ConnId>> = Vec::new();
     loop {
         tick.tick().await;
-        let beaten = connections.queues_in(slot, slices);
+        if slot == 0 {
+            round = connections.ids_by_slot(slices);
+        }
+        let beaten = std::mem::take(&mut round[slot as usize]);
         slot = (slot + 1) % slices;
-        for c in beaten {
+        for c in beaten.into_iter().filter_map(|id| connections.queue(id)) {
             match c.beat(idle_ms, abandon_beats, interval_ms) {
                 Beat::Idle => tracing::info!(conn = %c.id(), "closing an idle connection"),
                 Beat::Abandoned => tracing::info!(
