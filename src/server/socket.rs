@@ -13,8 +13,9 @@
 //! Writes are paced: on a connection written less than `--write-pacing-ms`
 //! ago, pushed frames wait until that much time has passed, so under a
 //! heavy stream they go out several per write (replies, pongs and closes
-//! never wait). One [`heartbeat`] task pings every connection, closes the
-//! idle ones and lets go of those whose close cannot be written.
+//! never wait). One [`heartbeat`] task pings the connections that showed
+//! no sign of life lately, closes the idle ones and lets go of those whose
+//! close cannot be written.
 //!
 //! An idle connection holds no buffer: reads go through a per-thread
 //! buffer and only an incomplete frame is kept; frames are encoded per write.
@@ -492,10 +493,11 @@ const BEAT_TICK: Duration = Duration::from_millis(100);
 /// Most ticks one interval is cut into.
 const MAX_BEAT_SLICES: u64 = 256;
 
-/// Ping every connection each `interval` (a share of them each tick); close
-/// those whose client sent nothing for `idle_timeout`, and let go of those
-/// whose close could not be written for as long. Runs until the server's
-/// system stops.
+/// Look at every connection each `interval` (a share of them each tick):
+/// ping those with no sign of life since the last look (see
+/// [`Outbound::beat`]), close those with none for `idle_timeout`, and let
+/// go of those whose close could not be written for as long. Runs until
+/// the server's system stops.
 pub async fn heartbeat(connections: Arc<Connections>, interval: Duration, idle_timeout: Duration) {
     let interval = interval.max(Duration::from_millis(10));
     let idle_ms = idle_timeout.as_millis() as u64;
