@@ -198,18 +198,17 @@ impl Socket {
             }
             let now = tokio::time::Instant::now();
             let waited = now - started;
-            let Some(left) = self.unacked() else {
-                if waited >= LINGER {
-                    return;
-                }
-                continue;
-            };
-            if unacked.is_some_and(|before| left < before) {
+            let left = self.unacked();
+            if left.is_some_and(|left| unacked.is_some_and(|before| left < before)) {
                 progress = now;
             }
-            unacked = Some(left);
-            let done = left == 0 && waited >= LINGER;
-            if done || now - progress >= LINGER_STALL || waited >= MAX_LINGER {
+            unacked = left;
+            // Where the kernel cannot tell, as if the client had it all.
+            let has_all = left.is_none_or(|left| left == 0);
+            if (has_all && waited >= LINGER)
+                || now - progress >= LINGER_STALL
+                || waited >= MAX_LINGER
+            {
                 return;
             }
         }
