@@ -196,14 +196,24 @@ async fn coedit_keeps_every_keystroke_and_everyone_agrees() {
 
 /// The ACP test agent (`examples/acp_test_agent.rs` of the server crate),
 /// built in debug like the server's own e2e tests do: `ACP_TEST_AGENT_BIN`
-/// if set, else `cargo build --example acp_test_agent` (a no-op when fresh).
+/// if set, else `cargo build --workspace --example acp_test_agent` (a no-op
+/// when fresh).
 fn acp_test_agent() -> std::path::PathBuf {
     if let Some(bin) = std::env::var_os("ACP_TEST_AGENT_BIN") {
         return bin.into();
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut cargo = std::process::Command::new(env!("CARGO"));
-    cargo.args(["build", "--example", "acp_test_agent", "--manifest-path"]);
+    // `--workspace`: the features the test command resolved, so the agent
+    // it built is fresh (without it Cargo rebuilds the crate and a dozen
+    // dependencies for the package's features alone).
+    cargo.args([
+        "build",
+        "--workspace",
+        "--example",
+        "acp_test_agent",
+        "--manifest-path",
+    ]);
     cargo.arg(root.join("Cargo.toml"));
     // Cargo's variables for this package would make some build scripts
     // rerun for the agent's build (and again in the next `cargo test`).

@@ -665,8 +665,13 @@ pub fn agent_bin() -> std::path::PathBuf {
             }
             let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
             let mut cargo = std::process::Command::new(env!("CARGO"));
+            // `--workspace`: the features `cargo test --workspace` (the
+            // test command) resolved, so the example it built is fresh and
+            // this is a no-op; without it Cargo resolves the package's
+            // features alone and rebuilds the crate and a dozen dependencies.
             cargo.args([
                 "build",
+                "--workspace",
                 "--example",
                 "acp_test_agent",
                 "--manifest-path",
