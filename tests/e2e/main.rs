@@ -4,8 +4,9 @@
 //! One test binary holds them all: each file under `tests/` used to be a
 //! binary of its own, linking the server and the client stack again, and that
 //! linking was most of a clean build. The tests that measure time or
-//! resources (`pacing`, `hostile`, `soak`) and the browser test keep binaries
-//! of their own so nothing else runs beside them.
+//! resources (`pacing`, `hostile`, `soak`) share a binary of their own
+//! (`tests/measured`, one test at a time) and the browser test has one, so
+//! nothing else runs beside them.
 
 #[path = "../common/mod.rs"]
 mod common;

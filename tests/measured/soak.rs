@@ -3,13 +3,11 @@
 //! records a longer run). The server's RSS must stay flat, nothing may panic,
 //! and every honest client must end with the state a fresh subscriber sees.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
@@ -26,6 +24,7 @@ const GARBAGE: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_keeps_memory_flat_and_honest_clients_converged() {
+    let _alone = crate::alone().await;
     let secs: u64 = std::env::var("TANDEM_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())

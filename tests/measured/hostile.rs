@@ -21,13 +21,11 @@
 //!   attackers run on the server's own two cores, so a round that misses is
 //!   run again, up to `ROUNDS` rounds.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
@@ -139,6 +137,7 @@ fn init(client_id: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_neither_grow_memory_past_the_bound_nor_stall_honest_ones() {
+    let _alone = crate::alone().await;
     let secs: u64 = std::env::var("TANDEM_HOSTILE_SECS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -1,12 +1,10 @@
 //! Write pacing: frames pushed to a busy connection share one write, while
 //! what a client waits for (its echo, a reply) is never paced.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use ahp::SubscriptionEvent;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use tandem::Config;
 
@@ -28,6 +26,7 @@ async fn envelope_within(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushed_frames_wait_for_the_pacing_deadline_but_echoes_and_replies_do_not() {
+    let _alone = crate::alone().await;
     const PACING: Duration = Duration::from_secs(2);
     let server = TestServer::start_with(Config {
         write_pacing: PACING,
@@ -121,6 +120,7 @@ async fn pushed_frames_wait_for_the_pacing_deadline_but_echoes_and_replies_do_no
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_pacing_every_frame_goes_out_at_once() {
+    let _alone = crate::alone().await;
     let server = TestServer::start_with(Config {
         write_pacing: Duration::ZERO,
         ..Config::default()
