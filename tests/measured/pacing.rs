@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use ahp::SubscriptionEvent;
 use crate::common::*;
+use ahp::SubscriptionEvent;
 use serde_json::{json, Value};
 use tandem::Config;
 
