@@ -83,7 +83,8 @@ pub trait ClusterLink: Send + Sync + 'static {
     /// Take `channels` (a session and its chats) for this node: their
     /// leases, then a fence on each, expecting the journal to end where
     /// this node has read it. `Ok(false)` when another node was quicker or
-    /// this node has not read everything yet (nothing is kept then).
+    /// this node has not read everything yet (nothing is kept then). A
+    /// channel this node already writes is left as it is.
     fn take_over(&self, channels: Vec<ChannelUri>) -> LinkFuture<Result<bool, JournalError>>;
 
     /// Give `channels` up (handing them to another node): their leases are

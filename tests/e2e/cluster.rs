@@ -201,6 +201,111 @@ async fn without_nats_writes_are_refused_reads_go_on_and_service_resumes_by_itse
     assert_eq!(session_title(&a, &session).await, "after");
 }
 
+/// A node that takes over a session whose lease ran out (its holder gone,
+/// or NATS away longer than the lease) asks for the session's chats too;
+/// a chat among them that this node still writes must be left alone. Its
+/// fence would refuse the node's own append in flight and leave the chat
+/// written by nobody (seen after a NATS restart: an accepted turn that was
+/// never ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_leaves_a_channel_this_node_writes_as_it_is() {
+    use tandem::ids::{ChannelUri, JournalPos};
+    use tandem::store::{
+        Batch, ChannelInfo, ChannelKind, ClusterConfig, ClusterLink, JetStreamJournal, Journal,
+    };
+    let nats = NatsServer::start();
+    let cfg = ClusterConfig::parse(&nats.url(), "j1").expect("config");
+    let j = JetStreamJournal::connect(&cfg).await.expect("connect");
+    let chat = ChannelUri::from("ahp-chat:/kept");
+    j.create_channel(ChannelInfo {
+        uri: chat.clone(),
+        kind: ChannelKind::Chat,
+        session: Some("ahp-session:/s".into()),
+        provider: "scripted".into(),
+        title: "Chat".into(),
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        owner: None,
+    })
+    .await
+    .expect("create");
+    j.append(
+        &chat,
+        JournalPos::new(0),
+        Batch::of(vec!["{\"n\":1}".into()]),
+    )
+    .await
+    .expect("append");
+    let before = crate::common::nats::writers(&nats, chat.as_str()).await;
+    assert!(
+        j.take_over(vec![chat.clone()]).await.expect("take over"),
+        "the chat is this node's"
+    );
+    assert_eq!(
+        crate::common::nats::writers(&nats, chat.as_str()).await,
+        before,
+        "nothing written: no fence of this node's own chat"
+    );
+    assert!(j.owns(&chat));
+    j.append(
+        &chat,
+        JournalPos::new(1),
+        Batch::of(vec!["{\"n\":2}".into()]),
+    )
+    .await
+    .expect("the next append goes on");
+}
+
+/// A channel whose appends are refused here (a fence moved it on) while
+/// this node still holds its lease has the lease given up at the next
+/// renewal, so a take-over can end what was open in it: renewed, the
+/// channel would stay written by nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_this_node_cannot_write_under_is_given_up() {
+    use tandem::ids::ChannelUri;
+    use tandem::store::{ChannelInfo, ChannelKind, ClusterConfig, JetStreamJournal, Journal};
+    let nats = NatsServer::start();
+    let mut cfg = ClusterConfig::parse(&nats.url(), "j1").expect("config");
+    cfg.lease = Duration::from_millis(1500);
+    let j = JetStreamJournal::connect(&cfg).await.expect("connect");
+    let info = |uri: &ChannelUri| ChannelInfo {
+        uri: uri.clone(),
+        kind: ChannelKind::Chat,
+        session: Some("ahp-session:/s".into()),
+        provider: "scripted".into(),
+        title: "Chat".into(),
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        owner: None,
+    };
+    let (refused, kept) = (
+        ChannelUri::from("ahp-chat:/refused"),
+        ChannelUri::from("ahp-chat:/kept"),
+    );
+    j.create_channel(info(&refused)).await.expect("create");
+    j.create_channel(info(&kept)).await.expect("create");
+    assert_eq!(j.owned(), 2);
+    j.lost(&refused, "refused by a fence");
+    eventually("the refused chat's lease is given up", || async {
+        (j.leases()
+            .holder(refused.as_str())
+            .await
+            .expect("holder")
+            .is_none())
+        .then_some(())
+    })
+    .await;
+    assert_eq!(j.owned(), 1);
+    // Renewals go on for the other chat, well past its lease time.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        j.leases()
+            .holder(kept.as_str())
+            .await
+            .expect("holder")
+            .as_deref(),
+        Some("j1")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_jetstream_journal_keeps_what_the_sqlite_journal_keeps() {
     use tandem::ids::{ChannelUri, JournalPos};

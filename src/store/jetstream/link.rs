@@ -474,6 +474,12 @@ impl ClusterLink for JetStreamJournal {
         let rt = self.inner.rt.clone();
         Box::pin(async move {
             rt.spawn(async move {
+                // A channel this node still writes is not taken again: its
+                // fence would refuse this node's own appends in flight (and
+                // leave the channel written by nobody), and a take-over
+                // that failed on another channel would release its lease.
+                let channels: Vec<ChannelUri> =
+                    channels.into_iter().filter(|c| !me.writes(c)).collect();
                 let leases = me.leases();
                 let mut taken = Vec::new();
                 let mut ok = true;

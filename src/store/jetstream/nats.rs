@@ -47,6 +47,16 @@ pub(super) struct ChannelRead {
     pub(super) truncations: Vec<u64>,
 }
 
+/// How long the client waits before its `attempts`-th reconnection: doubling
+/// from 1 ms as async-nats does by default, but at most an eighth of the
+/// lease time (and 4 s). A node that reconnected only seconds after NATS was
+/// back would find every lease it held expired, and other nodes taking its
+/// channels.
+fn reconnect_delay(attempts: usize, lease: Duration) -> Duration {
+    let doubling = Duration::from_millis(1u64 << attempts.clamp(1, 13).saturating_sub(1));
+    doubling.min(lease / 8).min(Duration::from_secs(4))
+}
+
 impl Nats {
     pub(super) async fn open(urls: &[String], lease: Duration) -> Result<Self, JournalError> {
         let addrs: Vec<async_nats::ServerAddr> = urls
@@ -67,6 +77,7 @@ impl Nats {
                     }
                 }
             })
+            .reconnect_delay_callback(move |attempts| reconnect_delay(attempts, lease))
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(5))
             .connect(addrs)
@@ -389,5 +400,30 @@ impl Nats {
             },
             chans,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnection_backs_off_but_retries_several_times_per_lease() {
+        let lease = Duration::from_secs(10);
+        assert_eq!(reconnect_delay(1, lease), Duration::from_millis(1));
+        assert_eq!(reconnect_delay(4, lease), Duration::from_millis(8));
+        assert_eq!(reconnect_delay(12, lease), Duration::from_millis(1250));
+        assert_eq!(
+            reconnect_delay(usize::MAX, lease),
+            Duration::from_millis(1250)
+        );
+        assert_eq!(
+            reconnect_delay(20, Duration::from_secs(2)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            reconnect_delay(20, Duration::from_secs(120)),
+            Duration::from_secs(4)
+        );
     }
 }

@@ -29,6 +29,18 @@ impl JetStreamJournal {
                 let held: Vec<lease::Lease> =
                     journal.inner.owned.lock().values().cloned().collect();
                 for l in held {
+                    let uri = ChannelUri::from(l.channel.as_str());
+                    if journal.refused(&uri) {
+                        // Held but no longer appended to here (a fence
+                        // refused this node's append): renewing would keep
+                        // the channel written by nobody. Given up, another
+                        // node — or this one, once it has read the channel
+                        // again — takes it over and ends what was open.
+                        journal.inner.owned.lock().remove(&uri);
+                        leases.release(&l).await;
+                        tracing::warn!(channel = %uri, "lease given up: this node's appends to the channel are refused");
+                        continue;
+                    }
                     match leases.renew_here(&l).await {
                         Ok(renewed) => {
                             let mut owned = journal.inner.owned.lock();
@@ -37,7 +49,6 @@ impl JetStreamJournal {
                             }
                         }
                         Err(lease::LeaseError::Lost(_)) => {
-                            let uri = ChannelUri::from(l.channel.as_str());
                             journal.inner.owned.lock().remove(&uri);
                             // Expired (NATS was away longer than the lease):
                             // take it again if nobody else wrote meanwhile.
@@ -173,6 +184,22 @@ impl JetStreamJournal {
             })
             .await
             .map_err(|e| unavailable("fence", e))?
+    }
+
+    /// Whether this node holds `channel`'s lease and still appends to it
+    /// (no fence has refused it since).
+    pub(super) fn writes(&self, channel: &ChannelUri) -> bool {
+        !self.refused(channel) && self.inner.owned.lock().contains_key(channel)
+    }
+
+    /// Whether appends to `channel` are refused here (a fence moved the
+    /// channel on, or the lease was lost).
+    fn refused(&self, channel: &ChannelUri) -> bool {
+        self.inner
+            .chans
+            .lock()
+            .get(channel)
+            .is_some_and(|c| c.fenced.is_some())
     }
 
     /// Refuse further appends to `channel` (this node lost it).
