@@ -201,6 +201,19 @@ async fn without_nats_writes_are_refused_reads_go_on_and_service_resumes_by_itse
     assert_eq!(session_title(&a, &session).await, "after");
 }
 
+/// A chat of `ahp-session:/s` on the `scripted` agent, for the journal tests.
+fn chat_info(uri: &tandem::ids::ChannelUri) -> tandem::store::ChannelInfo {
+    tandem::store::ChannelInfo {
+        uri: uri.clone(),
+        kind: tandem::store::ChannelKind::Chat,
+        session: Some("ahp-session:/s".into()),
+        provider: "scripted".into(),
+        title: "Chat".into(),
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        owner: None,
+    }
+}
+
 /// A node that takes over a session whose lease ran out (its holder gone,
 /// or NATS away longer than the lease) asks for the session's chats too;
 /// a chat among them that this node still writes must be left alone. Its
@@ -210,24 +223,12 @@ async fn without_nats_writes_are_refused_reads_go_on_and_service_resumes_by_itse
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_over_leaves_a_channel_this_node_writes_as_it_is() {
     use tandem::ids::{ChannelUri, JournalPos};
-    use tandem::store::{
-        Batch, ChannelInfo, ChannelKind, ClusterConfig, ClusterLink, JetStreamJournal, Journal,
-    };
+    use tandem::store::{Batch, ClusterConfig, ClusterLink, JetStreamJournal, Journal};
     let nats = NatsServer::start();
     let cfg = ClusterConfig::parse(&nats.url(), "j1").expect("config");
     let j = JetStreamJournal::connect(&cfg).await.expect("connect");
     let chat = ChannelUri::from("ahp-chat:/kept");
-    j.create_channel(ChannelInfo {
-        uri: chat.clone(),
-        kind: ChannelKind::Chat,
-        session: Some("ahp-session:/s".into()),
-        provider: "scripted".into(),
-        title: "Chat".into(),
-        created_at: "2026-01-01T00:00:00.000Z".into(),
-        owner: None,
-    })
-    .await
-    .expect("create");
+    j.create_channel(chat_info(&chat)).await.expect("create");
     j.append(
         &chat,
         JournalPos::new(0),
@@ -262,26 +263,17 @@ async fn a_take_over_leaves_a_channel_this_node_writes_as_it_is() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_this_node_cannot_write_under_is_given_up() {
     use tandem::ids::ChannelUri;
-    use tandem::store::{ChannelInfo, ChannelKind, ClusterConfig, JetStreamJournal, Journal};
+    use tandem::store::{ClusterConfig, JetStreamJournal, Journal};
     let nats = NatsServer::start();
     let mut cfg = ClusterConfig::parse(&nats.url(), "j1").expect("config");
     cfg.lease = Duration::from_millis(1500);
     let j = JetStreamJournal::connect(&cfg).await.expect("connect");
-    let info = |uri: &ChannelUri| ChannelInfo {
-        uri: uri.clone(),
-        kind: ChannelKind::Chat,
-        session: Some("ahp-session:/s".into()),
-        provider: "scripted".into(),
-        title: "Chat".into(),
-        created_at: "2026-01-01T00:00:00.000Z".into(),
-        owner: None,
-    };
     let (refused, kept) = (
         ChannelUri::from("ahp-chat:/refused"),
         ChannelUri::from("ahp-chat:/kept"),
     );
-    j.create_channel(info(&refused)).await.expect("create");
-    j.create_channel(info(&kept)).await.expect("create");
+    j.create_channel(chat_info(&refused)).await.expect("create");
+    j.create_channel(chat_info(&kept)).await.expect("create");
     assert_eq!(j.owned(), 2);
     j.lost(&refused, "refused by a fence");
     eventually("the refused chat's lease is given up", || async {
@@ -310,24 +302,13 @@ async fn a_lease_this_node_cannot_write_under_is_given_up() {
 async fn the_jetstream_journal_keeps_what_the_sqlite_journal_keeps() {
     use tandem::ids::{ChannelUri, JournalPos};
     use tandem::store::{
-        Batch, ChannelInfo, ChannelKind, ClusterConfig, JetStreamJournal, Journal, JournalError,
-        SnapshotRecord, TurnRecord,
+        Batch, ClusterConfig, JetStreamJournal, Journal, JournalError, SnapshotRecord, TurnRecord,
     };
     let nats = NatsServer::start();
     let cfg = ClusterConfig::parse(&nats.url(), "j1").expect("config");
     let j = JetStreamJournal::connect(&cfg).await.expect("connect");
     let chat = ChannelUri::from("ahp-chat:/journal-test");
-    j.create_channel(ChannelInfo {
-        uri: chat.clone(),
-        kind: ChannelKind::Chat,
-        session: Some("ahp-session:/s".into()),
-        provider: "scripted".into(),
-        title: "Chat".into(),
-        created_at: "2026-01-01T00:00:00.000Z".into(),
-        owner: None,
-    })
-    .await
-    .expect("create");
+    j.create_channel(chat_info(&chat)).await.expect("create");
     // Appends are fenced by position, and several in flight go out together.
     let a1 = j.append(
         &chat,

@@ -351,13 +351,7 @@ impl ClusterLink for JetStreamJournal {
     }
 
     fn owns(&self, channel: &ChannelUri) -> bool {
-        let fenced = self
-            .inner
-            .chans
-            .lock()
-            .get(channel)
-            .is_some_and(|c| c.fenced.is_some());
-        !fenced && !self.inner.followed.lock().contains(channel)
+        !self.refused(channel) && !self.inner.followed.lock().contains(channel)
     }
 
     fn follows(&self, channel: &ChannelUri) {

@@ -53,7 +53,7 @@ pub(super) struct ChannelRead {
 /// back would find every lease it held expired, and other nodes taking its
 /// channels.
 fn reconnect_delay(attempts: usize, lease: Duration) -> Duration {
-    let doubling = Duration::from_millis(1u64 << attempts.clamp(1, 13).saturating_sub(1));
+    let doubling = Duration::from_millis(1u64 << (attempts.clamp(1, 13) - 1));
     doubling.min(lease / 8).min(Duration::from_secs(4))
 }
 

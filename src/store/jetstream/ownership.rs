@@ -194,7 +194,7 @@ impl JetStreamJournal {
 
     /// Whether appends to `channel` are refused here (a fence moved the
     /// channel on, or the lease was lost).
-    fn refused(&self, channel: &ChannelUri) -> bool {
+    pub(super) fn refused(&self, channel: &ChannelUri) -> bool {
         self.inner
             .chans
             .lock()
