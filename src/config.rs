@@ -64,6 +64,9 @@ pub struct Config {
     /// Threads the sessions restored at start-up or followed from another
     /// node (and the root channel) are spread over.
     pub actor_threads: usize,
+    /// Threads besides the publishing one that write shares of a room of
+    /// at least twice [`crate::publish::FANOUT_MIN_SHARE`] subscribers.
+    pub fanout_threads: usize,
     /// A socket with no traffic (not even pongs) for this long is closed.
     pub idle_timeout: Duration,
     /// How often the server pings an idle socket.
@@ -200,6 +203,9 @@ impl Default for Config {
             max_frame_bytes: 1024 * 1024,
             http_workers: serving,
             actor_threads: serving,
+            // Every core writes a big room: measured in loadtest/README.md,
+            // "A big room on every core".
+            fanout_threads: serving.saturating_sub(1),
             idle_timeout: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(20),
             agents: Vec::new(),

@@ -69,7 +69,8 @@ impl Shared {
                     .map_err(|e| e.to_string())
             }),
         )
-        .with_deliveries(metrics.deliveries.clone());
+        .with_deliveries(metrics.deliveries.clone())
+        .with_fanout_threads(config.fanout_threads);
         if journal.shared_seq() {
             publisher.fresh_block()?;
         }

@@ -19,6 +19,7 @@
 //! that comes from another node gets snapshots. A single node numbers
 //! contiguously, as if alone in a cluster.
 
+mod fanout;
 mod numbering;
 pub mod outbound;
 
@@ -31,6 +32,8 @@ use parking_lot::Mutex;
 
 use crate::ids::ChannelUri;
 pub use crate::ids::{ConnId, ServerSeq};
+use fanout::Fanout;
+pub use fanout::MIN_SHARE as FANOUT_MIN_SHARE;
 use numbering::Numbering;
 pub use numbering::{Reserver, SeqRefused};
 pub use outbound::{Outbound, Push};
@@ -167,6 +170,8 @@ pub struct Publisher {
     /// Counts every envelope pushed (`tandem_deliveries_total`): one add
     /// per action, by its number of receivers.
     deliveries: metrics::Counter,
+    /// Threads that write shares of big rooms ([`fanout`]).
+    fanout: Fanout,
 }
 
 impl Publisher {
@@ -201,7 +206,20 @@ impl Publisher {
             ring_bytes_limit: ring_bytes,
             reserver,
             deliveries: metrics::Counter::noop(),
+            fanout: Fanout::default(),
         }
+    }
+
+    /// Write big rooms from `threads` more threads than the publishing one
+    /// (`--fanout-threads`).
+    pub fn with_fanout_threads(mut self, threads: usize) -> Self {
+        self.fanout = Fanout::new(threads);
+        self
+    }
+
+    /// Threads helping to write big rooms.
+    pub fn fanout_threads(&self) -> usize {
+        self.fanout.threads()
     }
 
     /// Count deliveries on `counter`.
@@ -401,9 +419,7 @@ impl Publisher {
         st.numbers.prune(evicted);
         drop(st);
         self.deliveries.increment(delivered);
-        for s in subs.iter() {
-            s.flush();
-        }
+        self.fanout.flush(&subs);
         if let Some(o) = origin {
             o.flush();
         }

@@ -173,6 +173,11 @@ pub struct ServeArgs {
     /// node are spread over [default: one per core].
     #[arg(long)]
     pub actor_threads: Option<usize>,
+    /// Threads besides the publishing one that write shares of a big room
+    /// (512 subscribers or more) at once; 0 writes every room from the
+    /// publishing thread [default: one per core, less one].
+    #[arg(long)]
+    pub fanout_threads: Option<usize>,
     /// Open connections on the server.
     #[arg(long, default_value_t = crate::Limits::default().max_connections)]
     pub max_connections: usize,
@@ -414,6 +419,7 @@ impl ServeArgs {
             },
             http_workers: self.http_workers.unwrap_or(defaults.http_workers).max(1),
             actor_threads: self.actor_threads.unwrap_or(defaults.actor_threads).max(1),
+            fanout_threads: self.fanout_threads.unwrap_or(defaults.fanout_threads),
             ..defaults
         };
         Ok(Box::new(Serve {
@@ -551,6 +557,7 @@ mod tests {
             ("write_pacing_ms", vec![], vec!["--write-pacing-ms", "2.5"], "write_pacing_ms = 2.5".into()),
             ("http_workers", vec![], vec!["--http-workers", "3"], "http_workers = 3".into()),
             ("actor_threads", vec![], vec!["--actor-threads", "5"], "actor_threads = 5".into()),
+            ("fanout_threads", vec![], vec!["--fanout-threads", "9"], "fanout_threads = 9".into()),
             ("max_connections", vec![], vec!["--max-connections", "77"], "max_connections = 77".into()),
             ("max_connections_per_token", vec![], vec!["--max-connections-per-token", "9"], "max_connections_per_token = 9".into()),
             ("max_subscriptions_per_connection", vec![], vec!["--max-subscriptions-per-connection", "11"], "max_subscriptions_per_connection = 11".into()),

@@ -494,4 +494,4 @@ fn wake(waker: Option<Waker>) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

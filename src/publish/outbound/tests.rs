@@ -404,25 +404,33 @@ fn heartbeat_does_not_ping_a_client_whose_tcp_acknowledged_what_it_was_sent() {
 }
 
 /// A socket that takes `room` more bytes, then would block.
-struct FakeWire {
+pub(crate) struct FakeWire {
     written: Mutex<Vec<u8>>,
     room: AtomicUsize,
     /// What `last_ack_age_ms` answers (`u64::MAX`: cannot tell).
     ack_age_ms: AtomicU64,
+    /// The threads that wrote to it, in order.
+    writers: Mutex<Vec<std::thread::ThreadId>>,
 }
 
 impl FakeWire {
-    fn with_room(room: usize) -> Arc<Self> {
+    pub(crate) fn with_room(room: usize) -> Arc<Self> {
         Arc::new(Self {
             written: Mutex::new(Vec::new()),
             room: AtomicUsize::new(room),
             ack_age_ms: AtomicU64::new(u64::MAX),
+            writers: Mutex::new(Vec::new()),
         })
     }
 
     /// The text of every whole frame written so far.
-    fn texts(&self) -> Vec<String> {
+    pub(crate) fn texts(&self) -> Vec<String> {
         decode(&self.written.lock())
+    }
+
+    /// The threads that wrote to it, in order.
+    pub(crate) fn writers(&self) -> Vec<std::thread::ThreadId> {
+        self.writers.lock().clone()
     }
 }
 
@@ -434,6 +442,7 @@ impl Wire for FakeWire {
         }
         self.room.fetch_sub(n, Ordering::SeqCst);
         self.written.lock().extend_from_slice(&buf[..n]);
+        self.writers.lock().push(std::thread::current().id());
         Ok(n)
     }
 

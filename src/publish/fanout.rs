@@ -1,0 +1,112 @@
+//! Writing one envelope to a big room from more than one thread.
+//!
+//! Once an envelope is queued on every subscriber (under the publisher
+//! lock, which fixes the order), what is left is one socket write per
+//! subscriber. For a room of a thousand that is a few milliseconds of one
+//! thread's time, and on loopback each write also wakes the reader, which
+//! the kernel tends to put on the writing thread's own core (a socket
+//! wake-up is a "sync" one: the waker is expected to sleep soon), so the
+//! readers and the writer take turns on one core while the other idles.
+//! Handing shares of a big room to helper threads writes it on every
+//! core: the publishing thread writes the first share itself and each
+//! helper one more, at the cost of one hand-off per helper.
+//!
+//! Order per connection is not at stake: the frames are already queued,
+//! and whichever thread flushes a connection writes its queue in order
+//! under that connection's lock ([`Outbound::flush`]).
+
+use std::ops::Range;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use super::Outbound;
+
+/// Least subscribers in one share: a room under twice this is written by
+/// the publishing thread alone (a hand-off costs about as much as a few
+/// dozen writes).
+pub const MIN_SHARE: usize = 256;
+
+/// One helper's share of a room.
+struct Job {
+    subs: Arc<Vec<Arc<Outbound>>>,
+    range: Range<usize>,
+}
+
+/// The helper threads (none on one core, or with `--fanout-threads 0`).
+#[derive(Default)]
+pub struct Fanout {
+    helpers: Vec<mpsc::Sender<Job>>,
+}
+
+impl Fanout {
+    /// Start `threads` helpers; they end when this is dropped.
+    pub fn new(threads: usize) -> Self {
+        let mut helpers = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let spawned = std::thread::Builder::new()
+                .name(format!("tandem-fanout-{i}"))
+                .spawn(move || {
+                    for job in rx {
+                        flush_all(&job.subs[job.range]);
+                    }
+                });
+            match spawned {
+                Ok(_) => helpers.push(tx),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not start a fan-out thread; big rooms are written by fewer threads");
+                    break;
+                }
+            }
+        }
+        Self { helpers }
+    }
+
+    /// Helper threads running.
+    pub fn threads(&self) -> usize {
+        self.helpers.len()
+    }
+
+    /// Write what is queued on every connection of `subs`: the first share
+    /// on this thread, the others on helpers.
+    pub fn flush(&self, subs: &Arc<Vec<Arc<Outbound>>>) {
+        let shares = shares(subs.len(), self.helpers.len());
+        let mut shares = shares.into_iter();
+        let Some(own) = shares.next() else {
+            return;
+        };
+        for (helper, range) in self.helpers.iter().zip(shares) {
+            let job = Job {
+                subs: subs.clone(),
+                range,
+            };
+            if let Err(mpsc::SendError(job)) = helper.send(job) {
+                // The helper is gone (it cannot panic on its own, but if it
+                // did): its share is written here.
+                flush_all(&job.subs[job.range]);
+            }
+        }
+        flush_all(&subs[own]);
+    }
+}
+
+fn flush_all(subs: &[Arc<Outbound>]) {
+    for s in subs {
+        s.flush();
+    }
+}
+
+/// `n` subscribers cut into contiguous shares of at least [`MIN_SHARE`],
+/// one for the caller and at most one per helper; the first is the
+/// caller's. Empty for an empty room.
+pub fn shares(n: usize, helpers: usize) -> Vec<Range<usize>> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let parts = (helpers + 1).min(n / MIN_SHARE).max(1);
+    let size = n.div_ceil(parts);
+    (0..parts)
+        .map(|k| k * size..n.min((k + 1) * size))
+        .filter(|r| !r.is_empty())
+        .collect()
+}
