@@ -7,7 +7,7 @@
 //! |---|---|
 //! | [`protocol`] | JSON-RPC framing, method names, error codes |
 //! | [`channels`] | root, session and chat actors; their one commit path (`channels::commit`); the application context (`channels::context`); the registry and the calls a connection makes on a channel (`channels::addr`); validation rules; session roll-up; the agent API a chat calls (`channels::agent`); on a cluster node, following another node's channels and forwarding to it (`channels::commit`, `channels::forward`) |
-//! | [`publish`] | `serverSeq` (reserved in blocks before use), ordered fan-out, replay ring, byte-bounded outbound queues |
+//! | [`publish`] | `serverSeq` (reserved in blocks before use), ordered fan-out (big rooms written on several threads), replay ring, byte-bounded outbound queues |
 //! | [`store`] | the `Journal` trait between actors and storage; SQLite (schema, group-commit writer, recovery), NATS JetStream (`--cluster`: stream, buckets, leases and fencing, the link to the other nodes) and in-memory journals; the cluster seam (`store::cluster`) |
 //! | [`coedit`] | several people typing in one text at once: operations (retain / insert / delete), their transformation, the authority's copy of a text and an editor's |
 //! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements; form and link rules; the approval policy as pure functions (`interactions::policy`) |

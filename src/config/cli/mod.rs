@@ -165,8 +165,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = Config::default().write_pacing.as_secs_f64() * 1000.0)]
     pub write_pacing_ms: f64,
     /// Threads that accept connections, read clients' frames, run the
-    /// connection actors and the sessions clients create [default: one per
-    /// core].
+    /// connection actors and the sessions clients create [default: half the
+    /// cores, rounded up].
     #[arg(long)]
     pub http_workers: Option<usize>,
     /// Threads the sessions restored at start-up or followed from another
