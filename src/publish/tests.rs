@@ -483,17 +483,14 @@ fn a_big_room_is_written_by_the_publisher_and_a_fanout_thread_each_connection_in
             "connection {i}: every envelope once, in serverSeq order"
         );
         let writers = wire.writers();
-        assert!(!writers.is_empty());
         if own.contains(&i) {
             assert!(
                 writers.iter().all(|t| *t == me),
                 "connection {i}: written by the publisher"
             );
         } else {
-            // The fan-out thread wrote it (the publisher too if the thread
-            // fell two shares behind in this tight loop).
             assert!(
-                writers.iter().any(|t| *t != me),
+                writers.iter().all(|t| *t != me),
                 "connection {i}: written by the fan-out thread"
             );
         }
@@ -533,133 +530,4 @@ fn rooms_are_cut_into_shares_of_at_least_the_minimum_one_per_thread_at_most() {
         4,
         "one per helper and one for the caller"
     );
-    // Uneven rooms: no share under the minimum, sizes differ by one at most.
-    for n in [4 * m + 1, 4 * m + 3, 5 * m - 1, 2 * m + 1] {
-        let s = shares(n, 3);
-        let lens: Vec<usize> = s.iter().map(|r| r.len()).collect();
-        assert!(lens.iter().all(|&l| l >= m), "{n}: {lens:?}");
-        assert!(
-            lens.iter().max().unwrap() - lens.iter().min().unwrap() <= 1,
-            "{n}: {lens:?}"
-        );
-        assert_eq!(s.last().unwrap().end, n);
-    }
-}
-
-/// Wait until every connection of `conns` was written `count` envelopes.
-fn wait_written(conns: &[Wired], count: usize) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while conns.iter().any(|(_, w)| written_seqs(w).len() < count) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "every connection gets all {count} envelopes"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-}
-
-#[test]
-fn rooms_that_need_one_helper_take_turns_among_the_helpers() {
-    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout_threads(2);
-    let n = 2 * FANOUT_MIN_SHARE;
-    let (hub, conns) = wired_room(n);
-    let ch = ChannelUri::from("ahp-chat:/x");
-    let mut helpers = Vec::new();
-    for i in 1..=4 {
-        p.publish(&ch, &hub, "{}", None, None);
-        wait_written(&conns, i);
-        // The second share was written by one helper, this time.
-        let writer = *conns[n - 1].1.writers().last().unwrap();
-        assert_ne!(writer, std::thread::current().id());
-        assert!(conns[n / 2..]
-            .iter()
-            .all(|(_, w)| *w.writers().last().unwrap() == writer));
-        helpers.push(writer);
-    }
-    assert_ne!(
-        helpers[0], helpers[1],
-        "the next room went to the other helper"
-    );
-    assert_eq!(helpers[0], helpers[2]);
-    assert_eq!(helpers[1], helpers[3]);
-}
-
-/// A socket whose writes from a fan-out thread wait until it is opened.
-struct GatedWire {
-    inner: Arc<outbound::tests::FakeWire>,
-    open: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
-}
-
-impl outbound::Wire for GatedWire {
-    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
-        let helper = std::thread::current()
-            .name()
-            .is_some_and(|n| n.starts_with("tandem-fanout"));
-        if helper {
-            let (open, changed) = &*self.open;
-            let mut is_open = open.lock().unwrap();
-            while !*is_open {
-                is_open = changed.wait(is_open).unwrap();
-            }
-        }
-        self.inner.try_write(buf)
-    }
-}
-
-#[test]
-fn a_helper_stuck_in_a_write_blocks_no_publish_and_one_far_behind_hands_its_share_back() {
-    let p = Arc::new(Publisher::new(ServerSeq::ZERO, 16).with_fanout_threads(1));
-    let open = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-    let hub = Arc::new(Hub::default());
-    let conns: Vec<Wired> = (0..2 * FANOUT_MIN_SHARE)
-        .map(|_| {
-            let wire = outbound::tests::FakeWire::with_room(usize::MAX);
-            let o = conn(1 << 20);
-            let gated = Arc::new(GatedWire {
-                inner: wire.clone(),
-                open: open.clone(),
-            });
-            o.attach(gated, std::time::Duration::ZERO);
-            hub.add(&o);
-            (o, wire)
-        })
-        .collect();
-    // The helper blocks in its first write. Every publish still returns
-    // (queueing on the connection being written does not wait for its
-    // write), and once the helper holds the most shares it may, the
-    // publisher writes the next share itself.
-    let n = fanout::MAX_PENDING + 1;
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let publishing = {
-        let (p, hub) = (p.clone(), hub.clone());
-        std::thread::spawn(move || {
-            let ch = ChannelUri::from("ahp-chat:/x");
-            for _ in 0..n {
-                p.publish(&ch, &hub, "{}", None, None);
-            }
-            done_tx.send(std::thread::current().id()).unwrap();
-        })
-    };
-    let publisher = done_rx
-        .recv_timeout(std::time::Duration::from_secs(20))
-        .expect("every publish returned while the helper's write was blocked");
-    publishing.join().unwrap();
-    *open.0.lock().unwrap() = true;
-    open.1.notify_all();
-    wait_written(&conns, n);
-    for (i, (_, wire)) in conns.iter().enumerate() {
-        assert_eq!(
-            written_seqs(wire),
-            (1..=n as u64).collect::<Vec<_>>(),
-            "connection {i}"
-        );
-    }
-    // The publisher wrote the helper's share: every connection of it but
-    // the one the helper was blocked on.
-    let half = FANOUT_MIN_SHARE;
-    let by_publisher = conns[half..]
-        .iter()
-        .filter(|(_, w)| w.writers().contains(&publisher))
-        .count();
-    assert_eq!(by_publisher, half - 1);
 }

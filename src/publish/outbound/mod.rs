@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytestring::ByteString;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 use crate::ids::{ConnId, ServerSeq};
 
@@ -91,10 +91,6 @@ struct State {
     /// The socket side took frames and has not finished writing them: it
     /// owns the socket until [`Outbound::wrote`].
     writing: bool,
-    /// A pusher is writing to the socket directly, outside this lock: nobody
-    /// else writes until it is done, and it wakes the socket side for what
-    /// was queued meanwhile.
-    direct: bool,
     /// Encoded bytes a direct write could not finish: the socket side
     /// writes them before anything else.
     unsent: Bytes,
@@ -158,7 +154,6 @@ impl Outbound {
                 pacing_interval: Duration::ZERO,
                 last_write: None,
                 writing: false,
-                direct: false,
                 unsent: Bytes::new(),
             }),
             on_abandon: std::sync::OnceLock::new(),
@@ -256,11 +251,8 @@ impl Outbound {
         }
     }
 
-    /// The flush under the lock: returns whom to wake. A direct write
-    /// happens with the lock released (a pusher queueing on this connection
-    /// meanwhile, e.g. under the publisher lock, does not wait for the
-    /// system call).
-    fn flush_locked(&self, st: &mut MutexGuard<'_, State>) -> Option<Waker> {
+    /// The flush under the lock: returns whom to wake.
+    fn flush_locked(&self, st: &mut State) -> Option<Waker> {
         if st.close.is_some() {
             // Closing (an overflow drops the queue): the socket side sends
             // the close.
@@ -272,9 +264,8 @@ impl Outbound {
         if st.wire.is_none() {
             return st.waker_for_new_frames();
         }
-        if st.writing || st.direct {
-            // The socket side (or a direct writer) is writing and sees to
-            // the rest when done.
+        if st.writing {
+            // The socket side is writing and takes the rest when done.
             return None;
         }
         if !st.unsent.is_empty() {
@@ -295,18 +286,10 @@ impl Outbound {
         }
         st.takes = st.takes.wrapping_add(1);
         st.last_write = Some(now);
-        let wire = st.wire.clone()?;
-        st.direct = true;
-        let unsent = MutexGuard::unlocked(st, || wire::write_now(&*wire, frames));
-        st.direct = false;
-        if st.wire.is_some() {
-            // Still attached (not detached meanwhile).
-            st.unsent = unsent;
+        if let Some(wire) = &st.wire {
+            st.unsent = wire::write_now(&**wire, frames);
         }
-        // Frames queued or a close asked for while the lock was released
-        // went to nobody: the socket side takes them.
-        let left = !st.frames.is_empty() || st.close.is_some();
-        if more || left || !st.unsent.is_empty() {
+        if more || !st.unsent.is_empty() {
             st.waker.take()
         } else {
             None
@@ -389,13 +372,6 @@ impl Outbound {
     /// (`TCP_USER_TIMEOUT`).
     pub fn poll_take(&self, cx: &mut Context<'_>, pace: bool) -> Take {
         let mut st = self.state.lock();
-        if st.direct {
-            // A pusher is writing; it wakes us when done if anything is left.
-            if !st.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                st.waker = Some(cx.waker().clone());
-            }
-            return Take::Empty;
-        }
         let empty = st.frames.is_empty() && st.close.is_none() && st.unsent.is_empty();
         let waits = pace && !st.urgent && st.close.is_none() && st.unsent.is_empty();
         if empty || waits {
