@@ -243,6 +243,13 @@ impl ChannelCore {
             tracing::error!(channel = %self.uri, error = %e, "no serverSeq for a replicated action");
             return None;
         }
+        Some(self.publish_followed(record, origin))
+    }
+
+    /// Publish an action the owner journaled whose `serverSeq` is claimed:
+    /// with its origin, and to its dispatcher if that is a client of this
+    /// node (a forwarded dispatch), which takes its echo.
+    fn publish_followed(&mut self, record: &Record, origin: Option<&ActionOrigin>) -> ServerSeq {
         let dispatcher = origin.and_then(|o| {
             let key = (o.client_id.clone(), o.client_seq);
             let f = self.forwarded.get_mut(&key)?;
@@ -252,13 +259,9 @@ impl ChannelCore {
             }
             conn
         });
-        Some(self.shared.publisher.publish(
-            &self.uri,
-            &self.hub,
-            record,
-            origin,
-            dispatcher.as_ref(),
-        ))
+        self.shared
+            .publisher
+            .publish(&self.uri, &self.hub, record, origin, dispatcher.as_ref())
     }
 
     /// Publish an action that is not journaled (root's derived state); see
@@ -291,9 +294,9 @@ impl ChannelCore {
             return;
         }
         let n = stored.get() - known.get();
-        let tail = match self.shared.journal.load_channel(&self.uri) {
-            Ok(Some(c)) => c.tail,
-            Ok(None) => Vec::new(),
+        let (tail, origins) = match self.shared.journal.load_channel(&self.uri) {
+            Ok(Some(c)) => (c.tail, c.tail_origins),
+            Ok(None) => (Vec::new(), Vec::new()),
             Err(e) => {
                 tracing::error!(channel = %self.uri, error = %e, "stored actions not readable for catch-up");
                 self.unreadable = Some(e.to_string());
@@ -314,10 +317,20 @@ impl ChannelCore {
             return;
         }
         tracing::warn!(channel = %self.uri, actions = n, "the store holds actions subscribers were not sent (a refused write stored after all, or batches a follower missed): published now");
-        for record in &tail[tail.len() - n as usize..] {
-            self.shared
-                .publisher
-                .publish(&self.uri, &self.hub, record, None, None);
+        let from = tail.len() - n as usize;
+        for (i, record) in tail.iter().enumerate().skip(from) {
+            if self.follower {
+                // Batches this follower missed: a forwarded dispatch among
+                // them reaches its dispatcher here or never.
+                let origin = origins.get(i).and_then(Option::as_ref);
+                self.publish_followed(record, origin);
+            } else {
+                // Writes this owner was refused: their dispatchers were
+                // told so, and a second answer would contradict the first.
+                self.shared
+                    .publisher
+                    .publish(&self.uri, &self.hub, record, None, None);
+            }
         }
     }
 

@@ -86,6 +86,37 @@ fn batch(journal: &TestJournal, uri: &str, from: u64, to: u64) -> Replicated {
     }
 }
 
+/// Another node on `journal`, reaching the owner through `link`: its
+/// copy of the session `uri`, restored from the store.
+async fn follow(
+    journal: &Arc<TestJournal>,
+    agents: Arc<TestAgents>,
+    link: Arc<FakeLink>,
+    uri: &str,
+) -> actix::Addr<super::session::SessionActor> {
+    let follower = Arc::new(
+        super::context::Shared::new(
+            crate::Config::default(),
+            journal.clone(),
+            agents,
+            Vec::new(),
+            ServerSeq::ZERO,
+        )
+        .expect("serverSeq")
+        .with_cluster(Some(link)),
+    );
+    let (follower_root, _) = testing::root(&follower).await;
+    follower_root
+        .send(Restore(journal.recover().expect("recover")))
+        .await
+        .expect("root runs")
+        .expect("restored");
+    let Some(ChannelAddr::Session(copy)) = follower.registry.get(uri).map(|c| c.addr) else {
+        panic!("the follower has the session");
+    };
+    copy
+}
+
 fn title_frames(conn: &Outbound) -> Vec<String> {
     testing::frames(conn)
         .into_iter()
@@ -120,26 +151,7 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
         forwarded: Mutex::default(),
         reply: reply.encode(),
     });
-    let follower = Arc::new(
-        super::context::Shared::new(
-            crate::Config::default(),
-            journal.clone(),
-            agents,
-            Vec::new(),
-            ServerSeq::ZERO,
-        )
-        .expect("serverSeq")
-        .with_cluster(Some(link.clone())),
-    );
-    let (follower_root, _) = testing::root(&follower).await;
-    follower_root
-        .send(Restore(journal.recover().expect("recover")))
-        .await
-        .expect("root runs")
-        .expect("restored");
-    let Some(ChannelAddr::Session(copy)) = follower.registry.get(uri).map(|c| c.addr) else {
-        panic!("the follower has the session");
-    };
+    let copy = follow(&journal, agents, link.clone(), uri).await;
     let watcher = Arc::new(Outbound::new(1 << 20));
     copy.send(Subscribe {
         conn: watcher.clone(),
@@ -236,4 +248,74 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
     );
     let state = copy.send(GetSessionState).await.expect("runs");
     assert_eq!(state.title, "five");
+}
+
+/// A follower's client dispatches; the owner journals the action, but the
+/// batch holding it never reaches the follower (the next one shows the
+/// gap). Reading the channel again, the follower publishes the action with
+/// its origin, and the dispatcher gets its echo — not a stranger's action
+/// beside its own pending one.
+#[actix::test]
+async fn a_forwarded_action_a_follower_reads_again_after_a_gap_is_echoed_to_its_dispatcher() {
+    let uri = "ahp-session:/s";
+    let journal = Arc::new(TestJournal::default());
+    let (agents, _turns) = TestAgents::new();
+    let owner = testing::shared(journal.clone(), agents.clone());
+    let (owner_root, _) = testing::root(&owner).await;
+    let owned = testing::session(&owner, &owner_root, uri).await;
+    let link = Arc::new(FakeLink {
+        forwarded: Mutex::default(),
+        reply: ForwardReply::Done.encode(),
+    });
+    let copy = follow(&journal, agents, link.clone(), uri).await;
+    let start = journal.len(&uri.into()).get();
+
+    // Bob, on the follower: his dispatch goes to the owner.
+    let bob = Arc::new(Outbound::new(1 << 20));
+    copy.send(Subscribe {
+        conn: bob.clone(),
+        view_turns: None,
+    })
+    .await
+    .expect("runs")
+    .expect("subscribed");
+    copy.do_send(ClientDispatch {
+        conn: Dispatcher::Conn(bob.clone()),
+        origin: origin("bob", 1),
+        action: title("from bob"),
+        as_agent: false,
+    });
+    let _ = copy.send(GetSessionState).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(link.forwarded.lock().len(), 1, "forwarded to the owner");
+
+    // The owner journals it (as the forward would have it do), then Ann's.
+    let ann = Arc::new(Outbound::new(1 << 20));
+    for (who, seq, text) in [("bob", 1, "from bob"), ("ann", 1, "from ann")] {
+        owned.do_send(ClientDispatch {
+            conn: Dispatcher::Conn(ann.clone()),
+            origin: origin(who, seq),
+            action: title(text),
+            as_agent: false,
+        });
+    }
+    journal
+        .wait_event("Ann's title", |e| e.contains("from ann"))
+        .await;
+
+    // Only Ann's batch arrives: a gap, so the follower reads the store.
+    copy.do_send(Replicate(batch(&journal, uri, start + 1, start + 2)));
+    let state = copy.send(GetSessionState).await.expect("runs");
+    assert_eq!(state.title, "from ann");
+    let frames = title_frames(&bob);
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    assert!(
+        frames[0].contains("from bob")
+            && frames[0].contains(r#""origin":{"clientId":"bob","clientSeq":1}"#),
+        "Bob's action comes back to him as his own: {frames:?}"
+    );
+    assert!(
+        frames[1].contains("from ann") && frames[1].contains(r#""clientId":"ann""#),
+        "{frames:?}"
+    );
 }

@@ -2,11 +2,13 @@
 //! failed and observed, an agent directory with one agent that hands its
 //! turns to the test, and a root channel started on the test's system.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use ahp_types::actions::ActionOrigin;
 use ahp_types::state::AgentInfo;
 use ahp_types::ROOT_RESOURCE_URI;
 use tokio::sync::{mpsc, watch};
@@ -44,6 +46,9 @@ pub struct TestJournal {
     /// `load_channel` fails with `Unavailable` (NATS away while a follower
     /// reads a channel again).
     pub unreadable: AtomicBool,
+    /// Who dispatched each stored record, by channel and position, kept as
+    /// the cluster journal keeps them (`load_channel` hands them back).
+    origins: Arc<parking_lot::Mutex<HashMap<(ChannelUri, u64), ActionOrigin>>>,
 }
 
 impl Default for TestJournal {
@@ -56,6 +61,7 @@ impl Default for TestJournal {
             fail_appends: AtomicBool::new(false),
             unwritable: AtomicBool::new(false),
             unreadable: AtomicBool::new(false),
+            origins: Arc::default(),
         }
     }
 }
@@ -133,7 +139,19 @@ impl Journal for TestJournal {
                 "disk full".into(),
             ))));
         }
-        self.inner.append(channel, expected, batch)
+        let origins: Vec<_> = batch
+            .origins
+            .iter()
+            .enumerate()
+            .filter_map(|(i, o)| Some(((channel.clone(), expected.get() + i as u64), o.clone()?)))
+            .collect();
+        let stored = self.inner.append(channel, expected, batch);
+        let kept = self.origins.clone();
+        Box::pin(async move {
+            stored.await?;
+            kept.lock().extend(origins);
+            Ok(())
+        })
     }
 
     fn writable(&self) -> Result<(), JournalError> {
@@ -181,7 +199,15 @@ impl Journal for TestJournal {
         if self.unreadable.load(Ordering::SeqCst) {
             return Err(JournalError::Unavailable("the test made reads fail".into()));
         }
-        self.inner.load_channel(uri)
+        let mut loaded = self.inner.load_channel(uri)?;
+        if let Some(c) = &mut loaded {
+            let first = c.len.get() - c.tail.len() as u64;
+            let kept = self.origins.lock();
+            c.tail_origins = (first..c.len.get())
+                .map(|pos| kept.get(&(uri.clone(), pos)).cloned())
+                .collect();
+        }
+        Ok(loaded)
     }
 }
 

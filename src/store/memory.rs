@@ -138,6 +138,7 @@ impl Journal for MemoryJournal {
                         info,
                         snapshot: s.snapshot.clone(),
                         tail: s.records[at.min(s.records.len())..].to_vec(),
+                        tail_origins: Vec::new(),
                         len: JournalPos::new(s.records.len() as u64),
                         turn_count: s.turns.keys().next_back().map_or(0, |k| k + 1),
                     },

@@ -167,6 +167,11 @@ pub struct RecoveredChannel {
     pub snapshot: Option<SnapshotRecord>,
     /// Records after the snapshot, in order.
     pub tail: Vec<Record>,
+    /// Who dispatched each record of `tail`, where the store keeps it (the
+    /// cluster journal does, so a follower that reads a channel again can
+    /// still echo a forwarded action to its dispatcher): empty, or one per
+    /// record.
+    pub tail_origins: Vec<Option<ahp_types::actions::ActionOrigin>>,
     /// Total records journaled for the channel.
     pub len: JournalPos,
     /// Turns stored in its history.

@@ -333,6 +333,10 @@ async fn the_jetstream_journal_keeps_what_the_sqlite_journal_keeps() {
     );
     a1.await.expect("first");
     a2.await.expect("second");
+    let bob = ahp_types::actions::ActionOrigin {
+        client_id: "bob".into(),
+        client_seq: 7,
+    };
     let turns = (0..5)
         .map(|i| TurnRecord {
             index: i,
@@ -350,7 +354,9 @@ async fn the_jetstream_journal_keeps_what_the_sqlite_journal_keeps() {
                 at_seq: JournalPos::new(3),
                 state: "{\"state\":3}".into(),
             }),
-            origins: Vec::new(),
+            // Who dispatched each record: kept, so a node reading the
+            // channel again can still echo an action to its dispatcher.
+            origins: vec![None, Some(bob.clone())],
         },
     )
     .await
@@ -379,6 +385,7 @@ async fn the_jetstream_journal_keeps_what_the_sqlite_journal_keeps() {
         c.tail.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
         ["{\"n\":4}"]
     );
+    assert_eq!(c.tail_origins, [Some(bob)]);
     assert_eq!(c.turn_count, 5);
     assert_eq!(
         r.provider_owners.get("p").map(String::as_str),

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ahp_types::actions::ActionOrigin;
 use async_nats::jetstream::{self, kv, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -38,6 +39,9 @@ pub(super) struct Nats {
 /// One channel as read from the stream.
 pub(super) struct ChannelRead {
     pub(super) tail: Vec<Record>,
+    /// Who dispatched each record of `tail` (empty when no batch read
+    /// carried origins).
+    pub(super) tail_origins: Vec<Option<ActionOrigin>>,
     pub(super) len: u64,
     pub(super) last_seq: u64,
     pub(super) turn_count: u64,
@@ -160,6 +164,7 @@ impl Nats {
         let subject = subject(uri);
         let mut read = ChannelRead {
             tail: Vec::new(),
+            tail_origins: Vec::new(),
             len: at,
             last_seq: 0,
             turn_count: 0,
@@ -185,6 +190,8 @@ impl Nats {
             })?;
             for (i, r) in batch.records.iter().enumerate() {
                 if pos + i as u64 >= at {
+                    read.tail_origins
+                        .push(batch.origins.get(i).cloned().flatten());
                     read.tail.push(Record::from(r.get()));
                 }
             }
@@ -201,6 +208,9 @@ impl Nats {
                     json: Arc::from(t.json.get()),
                 });
             }
+        }
+        if read.tail_origins.iter().all(Option::is_none) {
+            read.tail_origins = Vec::new();
         }
         Ok(read)
     }
@@ -297,6 +307,7 @@ impl Nats {
             info,
             snapshot,
             tail: read.tail,
+            tail_origins: read.tail_origins,
             len: JournalPos::new(read.len),
             turn_count,
         };

@@ -181,6 +181,7 @@ pub(super) fn load_channel(
         info,
         snapshot,
         tail,
+        tail_origins: Vec::new(),
         len,
         turn_count: turn_count as u64,
     }))
@@ -248,6 +249,7 @@ pub(super) fn recover(conn: &Connection) -> Result<Recovered, JournalError> {
             channels.push(RecoveredChannel {
                 snapshot: snapshots.remove(uri),
                 tail: tails.remove(uri).unwrap_or_default(),
+                tail_origins: Vec::new(),
                 len,
                 turn_count: turn_counts.get(uri).copied().unwrap_or(0),
                 info,
