@@ -50,7 +50,7 @@ pub enum Durability {
 /// long as a few more take to arrive, see `writer`): fewer `fsync`s, page
 /// rewrites and wake-ups per write at the price of at most this much on a
 /// durable echo.
-pub const DEFAULT_COMMIT_WINDOW: Duration = Duration::from_millis(10);
+pub const DEFAULT_COMMIT_WINDOW: Duration = Duration::from_millis(20);
 
 /// The SQLite journal.
 pub struct SqliteJournal {
