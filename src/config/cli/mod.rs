@@ -167,16 +167,16 @@ pub struct ServeArgs {
     /// Threads that accept connections, read clients' frames, run the
     /// connection actors and the sessions clients create [default: half the
     /// cores, rounded up].
-    #[arg(long)]
+    #[arg(long, value_parser = threads)]
     pub http_workers: Option<usize>,
     /// Threads the sessions restored at start-up or followed from another
     /// node are spread over [default: one per core].
-    #[arg(long)]
+    #[arg(long, value_parser = threads)]
     pub actor_threads: Option<usize>,
     /// Threads besides the publishing one that write shares of a big room
     /// (512 subscribers or more) at once; 0 writes every room from the
     /// publishing thread [default: one per core, less one].
-    #[arg(long)]
+    #[arg(long, value_parser = threads)]
     pub fanout_threads: Option<usize>,
     /// Open connections on the server.
     #[arg(long, default_value_t = crate::Limits::default().max_connections)]
@@ -316,6 +316,21 @@ pub enum CliError {
     /// The config file, or the configuration it makes.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Most threads of one kind a server starts (`--http-workers`,
+/// `--actor-threads`, `--fanout-threads`): far more than any machine's
+/// cores, and a slip of the keyboard (`100000`) is refused instead of
+/// starting that many threads.
+const MAX_THREADS: usize = 1024;
+
+/// A thread count: a number of at most [`MAX_THREADS`].
+fn threads(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if n > MAX_THREADS {
+        return Err(format!("at most {MAX_THREADS} threads"));
+    }
+    Ok(n)
 }
 
 /// Parse `argv` (the program's name first), reading the config file it
@@ -660,6 +675,20 @@ mod tests {
     }
 
     #[test]
+    fn thread_counts_are_bounded() {
+        for flag in ["--http-workers", "--actor-threads", "--fanout-threads"] {
+            let e = error(&[flag, "1025"]);
+            assert!(e.contains("at most 1024 threads"), "{flag}: {e}");
+            let ok = serve_ok(&[flag, "1024"]);
+            let c = &ok.config;
+            assert!(
+                [c.http_workers, c.actor_threads, c.fanout_threads].contains(&1024),
+                "{flag}"
+            );
+        }
+    }
+
+    #[test]
     fn a_bad_file_says_which_key_and_line() {
         let dir = Dir::new("bad");
         for (text, says) in [
@@ -670,6 +699,8 @@ mod tests {
             ("max_frame_bytes = [1]\n", "line 1: `max_frame_bytes` takes a string or a number, not an array"),
             ("durability = \"fast\"\n", "`durability`: invalid value 'fast' for '--durability <DURABILITY>' [possible values: full, relaxed]"),
             ("config = \"other.toml\"\n", "line 1: `config`: a config file cannot name another"),
+            ("fanout_threads = 100000\n", "line 1: `fanout_threads`: invalid value '100000' for '--fanout-threads <FANOUT_THREADS>': at most 1024 threads"),
+            ("http_workers = -1\n", "line 1: `http_workers`: invalid value '-1' for '--http-workers <HTTP_WORKERS>': invalid digit found in string"),
             ("[[agents]]\nname = \"a\"\ncommand = \"b\"\ncomand = \"c\"\n", "unknown field `comand`"),
             ("bind = [1\n", "TOML parse error at line 1"),
         ] {
