@@ -117,6 +117,19 @@ async fn follow(
     copy
 }
 
+/// A new connection subscribed to `copy`.
+async fn subscribed(copy: &actix::Addr<super::session::SessionActor>) -> Arc<Outbound> {
+    let conn = Arc::new(Outbound::new(1 << 20));
+    copy.send(Subscribe {
+        conn: conn.clone(),
+        view_turns: None,
+    })
+    .await
+    .expect("runs")
+    .expect("subscribed");
+    conn
+}
+
 fn title_frames(conn: &Outbound) -> Vec<String> {
     testing::frames(conn)
         .into_iter()
@@ -152,14 +165,7 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
         reply: reply.encode(),
     });
     let copy = follow(&journal, agents, link.clone(), uri).await;
-    let watcher = Arc::new(Outbound::new(1 << 20));
-    copy.send(Subscribe {
-        conn: watcher.clone(),
-        view_turns: None,
-    })
-    .await
-    .expect("runs")
-    .expect("subscribed");
+    let watcher = subscribed(&copy).await;
     let start = journal.len(&uri.into()).get();
 
     // One batch: applied and published once, however often it arrives.
@@ -271,14 +277,7 @@ async fn a_forwarded_action_a_follower_reads_again_after_a_gap_is_echoed_to_its_
     let start = journal.len(&uri.into()).get();
 
     // Bob, on the follower: his dispatch goes to the owner.
-    let bob = Arc::new(Outbound::new(1 << 20));
-    copy.send(Subscribe {
-        conn: bob.clone(),
-        view_turns: None,
-    })
-    .await
-    .expect("runs")
-    .expect("subscribed");
+    let bob = subscribed(&copy).await;
     copy.do_send(ClientDispatch {
         conn: Dispatcher::Conn(bob.clone()),
         origin: origin("bob", 1),
