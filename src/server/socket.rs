@@ -11,9 +11,10 @@
 //! [`super::inbound::Inbound`].
 //!
 //! Writes are paced: on a connection written less than `--write-pacing-ms`
-//! ago, pushed frames wait until that much time has passed, so under a
-//! heavy stream they go out several per write (replies, pongs and closes
-//! never wait). One [`heartbeat`] task pings the connections that showed
+//! ago (twice that under a stream faster than one frame per 1.8 times it),
+//! pushed frames wait until that much time has passed, so under a heavy
+//! stream they go out several per write (replies, pongs and closes never
+//! wait). One [`heartbeat`] task pings the connections that showed
 //! no sign of life lately, closes the idle ones and lets go of those whose
 //! close cannot be written.
 //!
@@ -366,9 +367,10 @@ impl Drop for Gone {
 }
 
 /// The connection's writer: writes what the pushers left to it, at most
-/// one write of pushed frames per `pacing`, then the close. Calls `on_gone`
-/// when it ends, however it ends.
-pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, pacing: Duration, on_gone: OnGone) {
+/// one write of pushed frames per pacing interval (see
+/// [`Outbound::paced_until`]), then the close. Calls `on_gone` when it
+/// ends, however it ends.
+pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, on_gone: OnGone) {
     let mut gone = Gone {
         out: out.clone(),
         on_gone: Some(on_gone),
@@ -377,7 +379,6 @@ pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, pacing: Duration, o
     };
     let mut pacer = Pacer {
         out: &out,
-        pacing,
         timer: None,
     };
     loop {
@@ -438,7 +439,6 @@ fn cause_name(cause: &CloseCause) -> &'static str {
 /// The writer's view of the queue, with its pacing deadline.
 struct Pacer<'a> {
     out: &'a Outbound,
-    pacing: Duration,
     /// The pacing deadline's timer, kept once a connection has needed one.
     timer: Option<Pin<Box<Sleep>>>,
 }
@@ -452,11 +452,8 @@ impl Pacer<'_> {
         loop {
             let due = self
                 .out
-                .last_write()
-                .map(|t| t + self.pacing)
-                .filter(|due| {
-                    !passed && !self.pacing.is_zero() && *due > std::time::Instant::now()
-                });
+                .paced_until()
+                .filter(|due| !passed && *due > std::time::Instant::now());
             match (self.out.poll_take(cx, due.is_some()), due) {
                 (Take::Ready(taken), _) => return Poll::Ready(taken),
                 (Take::Empty, None) => return Poll::Pending,

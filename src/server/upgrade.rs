@@ -81,7 +81,7 @@ pub async fn serve(
     );
     let inbound = Inbound::new(Reader::new(socket.clone(), parts.read_buf.freeze()), limit);
     let on_gone = Connection::start(state, out.clone(), principal, slot, inbound);
-    let writer = actix_web::rt::spawn(socket::writer(out.clone(), socket, pacing, on_gone));
+    let writer = actix_web::rt::spawn(socket::writer(out.clone(), socket, on_gone));
     // A connection whose peer never takes its close: stop writing (the
     // writer's end lets the connection go).
     let abort = writer.abort_handle();

@@ -45,12 +45,14 @@ use crate::ids::{ConnId, ServerSeq};
 
 mod frame;
 mod liveness;
+mod pace;
 mod wire;
 
 pub(crate) use frame::frame_len;
 use frame::{counted_len, reply_len};
 pub use frame::{CloseCause, Frame, Push, Take, Taken};
 pub use liveness::{now_ms, Beat};
+use pace::Pace;
 pub use wire::{encode_frames, encoded_len, Wire};
 
 struct State {
@@ -84,8 +86,9 @@ struct State {
     text_since_beat: bool,
     /// The socket, for writes made by whoever pushes (see [`Wire`]).
     wire: Option<Arc<dyn Wire>>,
-    /// Least time between two writes of pushed frames (zero: no pacing).
-    pacing_interval: Duration,
+    /// Least time between two writes of pushed frames, from
+    /// `--write-pacing-ms` and how fast frames come (see [`Pace`]).
+    pace: Pace,
     /// When frames last went to the socket.
     last_write: Option<Instant>,
     /// The socket side took frames and has not finished writing them: it
@@ -97,6 +100,15 @@ struct State {
 }
 
 impl State {
+    /// See [`Outbound::paced_until`].
+    fn paced_until(&self) -> Option<Instant> {
+        let interval = self.pace.interval();
+        if interval.is_zero() {
+            return None;
+        }
+        self.last_write.map(|t| t + interval)
+    }
+
     /// The socket side's waker when frames were just queued, unless they
     /// wait for its pacing deadline (none is urgent).
     fn waker_for_new_frames(&mut self) -> Option<Waker> {
@@ -151,7 +163,7 @@ impl Outbound {
                 stalled_beats: 0,
                 text_since_beat: false,
                 wire: None,
-                pacing_interval: Duration::ZERO,
+                pace: Pace::new(Duration::ZERO),
                 last_write: None,
                 writing: false,
                 unsent: Bytes::new(),
@@ -238,6 +250,9 @@ impl Outbound {
         if st.bytes + len > self.limit_bytes {
             Self::overflow(st);
         } else {
+            if !urgent && st.pace.is_on() {
+                st.pace.pushed(Instant::now());
+            }
             st.bytes += len;
             if let Some(seq) = seq {
                 st.last_seq = st.last_seq.max(seq);
@@ -272,9 +287,7 @@ impl Outbound {
             return st.waker.take();
         }
         let now = Instant::now();
-        let paced = !st.urgent
-            && !st.pacing_interval.is_zero()
-            && st.last_write.is_some_and(|t| t + st.pacing_interval > now);
+        let paced = !st.urgent && st.paced_until().is_some_and(|due| due > now);
         if paced {
             // The socket side keeps the deadline (woken once to set it).
             return st.waker_for_new_frames();
@@ -401,16 +414,18 @@ impl Outbound {
     }
 
     /// Let pushers write to `wire` themselves (see [`Wire`]), at most once
-    /// per `pacing` for frames that are not urgent.
+    /// per `pacing` for frames that are not urgent (twice that under a fast
+    /// stream, see [`Pace`]).
     pub fn attach(&self, wire: Arc<dyn Wire>, pacing: Duration) {
         let mut st = self.state.lock();
         st.wire = Some(wire);
-        st.pacing_interval = pacing;
+        st.pace = Pace::new(pacing);
     }
 
-    /// When frames last went to the socket.
-    pub fn last_write(&self) -> Option<Instant> {
-        self.state.lock().last_write
+    /// Until when pushed frames wait: the last write plus the pacing
+    /// interval (`None`: no pacing, or nothing written yet).
+    pub fn paced_until(&self) -> Option<Instant> {
+        self.state.lock().paced_until()
     }
 
     /// The socket side finished writing what it took: pushers may write

@@ -584,3 +584,30 @@ fn a_detached_connection_is_not_written() {
     o.push(env(1, "after"));
     assert!(wire.texts().is_empty());
 }
+
+#[test]
+fn a_fast_stream_stretches_the_pacing_interval_and_a_slow_one_does_not() {
+    let o = Outbound::new(1 << 20);
+    let wire = FakeWire::with_room(1 << 20);
+    let p = Duration::from_secs(100);
+    o.attach(wire.clone(), p);
+    let _socket_side = park(&o, false);
+    assert_eq!(o.paced_until(), None, "nothing written yet");
+    o.push(env(1, "first"));
+    let written = o.state.lock().last_write.expect("written at once");
+    assert_eq!(o.paced_until(), Some(written + p));
+    // Frames far faster than one per 1.8 intervals: the interval doubles.
+    for seq in 2..40 {
+        o.push(env(seq, "fast"));
+    }
+    assert_eq!(o.paced_until(), Some(written + 2 * p));
+    assert_eq!(wire.texts(), ["first"], "the rest wait for the deadline");
+    // Urgent frames do not count as a stream, and are not held.
+    let o = Outbound::new(1 << 20);
+    o.attach(wire.clone(), p);
+    for seq in 1..40 {
+        o.push(Push::Echo(ServerSeq::new(seq), "echo".into()));
+    }
+    let written = o.state.lock().last_write.expect("written");
+    assert_eq!(o.paced_until(), Some(written + p));
+}
