@@ -372,6 +372,7 @@ impl Publisher {
         // Queued under the lock (that is what keeps `serverSeq` order on
         // every connection); written once it is released.
         let subs = hub.current();
+        let now = std::time::Instant::now();
         let mut origin_delivered = false;
         let mut delivered = 0u64;
         for s in subs.iter() {
@@ -382,15 +383,15 @@ impl Publisher {
             match origin_conn {
                 Some(o) if o.id() == s.id() => {
                     origin_delivered = true;
-                    s.push_deferred(Push::Echo(seq, frame.clone()));
+                    s.push_deferred(Push::Echo(seq, frame.clone()), now);
                 }
-                _ => s.push_deferred(Push::Envelope(seq, frame.clone())),
+                _ => s.push_deferred(Push::Envelope(seq, frame.clone()), now),
             }
         }
         let origin = origin_conn.filter(|_| !origin_delivered);
         if let Some(o) = origin {
             delivered += 1;
-            o.push_deferred(Push::Echo(seq, frame));
+            o.push_deferred(Push::Echo(seq, frame), now);
         }
         if self.ring_len > 0 && envelope.len() <= self.ring_bytes_limit {
             while st.ring.len() >= self.ring_len

@@ -202,11 +202,10 @@ impl Connection {
     /// of anything pushed after it.
     pub(super) fn reply_after_dispatch(&self, id: &Option<Value>) {
         if let Some(id) = id {
-            self.out
-                .push_deferred(Push::Response(ByteString::from(protocol::encode_result(
-                    id,
-                    &Value::Null,
-                ))));
+            self.out.push_deferred(
+                Push::Response(ByteString::from(protocol::encode_result(id, &Value::Null))),
+                std::time::Instant::now(),
+            );
             let out = self.out.clone();
             actix::spawn(async move { out.flush() });
         }

@@ -207,20 +207,22 @@ impl Outbound {
     /// [`Wire`], a frame that need not wait is written at once, on the
     /// caller's thread.
     pub fn push(&self, push: Push<'_>) {
+        let now = Instant::now();
         let waker = {
             let mut st = self.state.lock();
-            self.enqueue_push(&mut st, push);
-            self.flush_locked(&mut st)
+            self.enqueue_push(&mut st, push, now);
+            self.flush_locked(&mut st, Some(now))
         };
         wake(waker);
     }
 
     /// Queue a frame like [`Outbound::push`] but neither write nor wake
     /// anyone: the caller calls [`Outbound::flush`] later (a publisher does,
-    /// once out of its lock, so no socket write happens under it).
-    pub fn push_deferred(&self, push: Push<'_>) {
+    /// once out of its lock, so no socket write happens under it). `now`:
+    /// the time of the publish (one clock read for all its subscribers).
+    pub fn push_deferred(&self, push: Push<'_>, now: Instant) {
         let mut st = self.state.lock();
-        self.enqueue_push(&mut st, push);
+        self.enqueue_push(&mut st, push, now);
     }
 
     /// Send what is queued: write it now when the wire is free and the
@@ -229,12 +231,12 @@ impl Outbound {
     pub fn flush(&self) {
         let waker = {
             let mut st = self.state.lock();
-            self.flush_locked(&mut st)
+            self.flush_locked(&mut st, None)
         };
         wake(waker);
     }
 
-    fn enqueue_push(&self, st: &mut State, push: Push<'_>) {
+    fn enqueue_push(&self, st: &mut State, push: Push<'_>, now: Instant) {
         if st.close.is_some() {
             return;
         }
@@ -250,8 +252,8 @@ impl Outbound {
         if st.bytes + len > self.limit_bytes {
             Self::overflow(st);
         } else {
-            if !urgent && st.pace.is_on() {
-                st.pace.pushed(Instant::now());
+            if !urgent {
+                st.pace.pushed(now);
             }
             st.bytes += len;
             if let Some(seq) = seq {
@@ -266,8 +268,9 @@ impl Outbound {
         }
     }
 
-    /// The flush under the lock: returns whom to wake.
-    fn flush_locked(&self, st: &mut State) -> Option<Waker> {
+    /// The flush under the lock: returns whom to wake. `now`: the clock,
+    /// if the caller has just read it.
+    fn flush_locked(&self, st: &mut State, now: Option<Instant>) -> Option<Waker> {
         if st.close.is_some() {
             // Closing (an overflow drops the queue): the socket side sends
             // the close.
@@ -286,7 +289,7 @@ impl Outbound {
         if !st.unsent.is_empty() {
             return st.waker.take();
         }
-        let now = Instant::now();
+        let now = now.unwrap_or_else(Instant::now);
         let paced = !st.urgent && st.paced_until().is_some_and(|due| due > now);
         if paced {
             // The socket side keeps the deadline (woken once to set it).
@@ -349,7 +352,7 @@ impl Outbound {
             // Responses may be among the held frames: do not hold them longer.
             st.urgent |= !held.is_empty();
             st.frames.extend(held);
-            self.flush_locked(&mut st)
+            self.flush_locked(&mut st, None)
         };
         wake(waker);
     }

@@ -61,6 +61,9 @@ impl Pace {
 
     /// A frame that may wait for the pacing deadline was queued at `now`.
     pub(super) fn pushed(&mut self, now: Instant) {
+        if !self.is_on() {
+            return;
+        }
         if let Some(last) = self.last_push.replace(now) {
             let max = Self::max_gap_us(self.interval);
             let gap = now

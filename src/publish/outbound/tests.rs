@@ -504,8 +504,8 @@ fn a_publisher_queues_under_its_lock_and_writes_after() {
     let o = Outbound::new(1000);
     let wire = FakeWire::with_room(1 << 20);
     o.attach(wire.clone(), Duration::ZERO);
-    o.push_deferred(env(1, "a"));
-    o.push_deferred(env(2, "b"));
+    o.push_deferred(env(1, "a"), Instant::now());
+    o.push_deferred(env(2, "b"), Instant::now());
     assert!(wire.texts().is_empty(), "nothing written before the flush");
     o.flush();
     assert_eq!(wire.texts(), ["a", "b"], "one write, in order");
