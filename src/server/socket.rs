@@ -303,12 +303,7 @@ impl Stream for Reader {
                 this.socket.mark_read_done();
                 return Poll::Ready(Some(Err(e)));
             }
-            let read = READ_BUF.with_borrow_mut(|buf| {
-                this.socket
-                    .tcp
-                    .try_read(buf)
-                    .map(|n| Bytes::copy_from_slice(&buf[..n]))
-            });
+            let read = READ_BUF.with_borrow_mut(|buf| read_once(&this.socket.tcp, buf));
             match read {
                 Ok(bytes) if bytes.is_empty() => {
                     this.socket.mark_read_done();
@@ -322,6 +317,32 @@ impl Stream for Reader {
                 }
             }
         }
+    }
+}
+
+/// One read of what the client sent. A read that did not fill `buf` took
+/// everything the kernel held, so the socket's readiness is forgotten with
+/// it: the next poll waits for the client's next bytes instead of asking
+/// the kernel once more only to hear "would block" (one system call saved
+/// per client frame). The readiness forgotten is the one seen before the
+/// read, so bytes that arrive after it are not missed.
+fn read_once(tcp: &TcpStream, buf: &mut [u8]) -> io::Result<Bytes> {
+    use std::io::Read;
+    let socket = socket2::SockRef::from(tcp);
+    let mut short = None;
+    let read = tcp.try_io(tokio::io::Interest::READABLE, || {
+        let n = (&*socket).read(buf)?;
+        if n > 0 && n < buf.len() {
+            // Reported as "would block" so tokio clears the readiness.
+            short = Some(n);
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match (read, short) {
+        (_, Some(n)) => Ok(Bytes::copy_from_slice(&buf[..n])),
+        (Ok(n), None) => Ok(Bytes::copy_from_slice(&buf[..n])),
+        (Err(e), None) => Err(e),
     }
 }
 
@@ -541,6 +562,53 @@ fn beat_slices(interval: Duration) -> u64 {
 mod tests {
     use super::super::inbound::ReadError;
     use super::*;
+
+    #[tokio::test]
+    async fn a_short_read_forgets_the_readiness_and_misses_nothing_after_it() {
+        use tokio::io::{AsyncWriteExt, Interest};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let ready = |tcp: &TcpStream| tcp.try_io(Interest::READABLE, || Ok(())).is_ok();
+        let mut buf = vec![0; 64];
+
+        client.write_all(b"one").await.unwrap();
+        server.readable().await.unwrap();
+        assert_eq!(&read_once(&server, &mut buf).unwrap()[..], b"one");
+        assert!(
+            !ready(&server),
+            "drained: the next poll waits for the client"
+        );
+        client.write_all(b"two").await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), server.readable())
+            .await
+            .expect("bytes after a short read wake the reader")
+            .unwrap();
+        assert_eq!(&read_once(&server, &mut buf).unwrap()[..], b"two");
+
+        // A read that fills the buffer may have left bytes: still ready.
+        client.write_all(&[7; 100]).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < 64 {
+            server.readable().await.unwrap();
+            got.extend_from_slice(&read_once(&server, &mut buf).unwrap_or_default());
+        }
+        if got.len() == 64 {
+            assert!(ready(&server), "a full read keeps the readiness");
+        }
+        while got.len() < 100 {
+            server.readable().await.unwrap();
+            got.extend_from_slice(&read_once(&server, &mut buf).unwrap_or_default());
+        }
+        assert_eq!(got, [7; 100]);
+
+        // The end of the stream reads as nothing.
+        drop(client);
+        server.readable().await.unwrap();
+        assert!(read_once(&server, &mut buf).unwrap().is_empty());
+    }
 
     #[test]
     fn the_heartbeat_spreads_its_pings_over_the_interval() {
