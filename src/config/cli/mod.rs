@@ -160,8 +160,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = Config::default().outbound_limit_bytes)]
     pub outbound_limit_bytes: usize,
     /// Least milliseconds between two socket writes of pushed frames on one
-    /// connection: under a heavy stream frames share writes. Replies, pongs
-    /// and closes never wait. 0 writes every frame at once.
+    /// connection: under a heavy stream frames share writes (twice this for
+    /// a connection whose frames come faster than one per 1.8 times it).
+    /// Replies, pongs and closes never wait. 0 writes every frame at once.
     #[arg(long, default_value_t = Config::default().write_pacing.as_secs_f64() * 1000.0)]
     pub write_pacing_ms: f64,
     /// Threads that accept connections, read clients' frames, run the
