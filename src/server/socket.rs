@@ -340,8 +340,7 @@ fn read_once(tcp: &TcpStream, buf: &mut [u8]) -> io::Result<Bytes> {
         Ok(n)
     });
     match (read, short) {
-        (_, Some(n)) => Ok(Bytes::copy_from_slice(&buf[..n])),
-        (Ok(n), None) => Ok(Bytes::copy_from_slice(&buf[..n])),
+        (_, Some(n)) | (Ok(n), None) => Ok(Bytes::copy_from_slice(&buf[..n])),
         (Err(e), None) => Err(e),
     }
 }

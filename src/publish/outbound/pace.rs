@@ -99,18 +99,23 @@ mod tests {
         t
     }
 
+    /// The interval after 200 frames of a steady stream of `per_sec`.
+    fn steady(p: Duration, per_sec: u32) -> Duration {
+        let mut pace = Pace::new(p);
+        stream(
+            &mut pace,
+            Instant::now(),
+            Duration::from_secs(1) / per_sec,
+            200,
+        );
+        pace.interval()
+    }
+
     #[test]
     fn streams_up_to_the_fast_gap_keep_the_interval() {
         let p = Duration::from_millis(5);
         for per_sec in [1, 10, 42, 100, 105] {
-            let mut pace = Pace::new(p);
-            stream(
-                &mut pace,
-                Instant::now(),
-                Duration::from_secs(1) / per_sec,
-                200,
-            );
-            assert_eq!(pace.interval(), p, "{per_sec} frames/s");
+            assert_eq!(steady(p, per_sec), p, "{per_sec} frames/s");
         }
     }
 
@@ -118,14 +123,7 @@ mod tests {
     fn a_fast_stream_is_written_at_most_once_per_twice_the_interval() {
         let p = Duration::from_millis(5);
         for per_sec in [115, 125, 150, 200, 1000, 10_000] {
-            let mut pace = Pace::new(p);
-            stream(
-                &mut pace,
-                Instant::now(),
-                Duration::from_secs(1) / per_sec,
-                200,
-            );
-            assert_eq!(pace.interval(), 2 * p, "{per_sec} frames/s");
+            assert_eq!(steady(p, per_sec), 2 * p, "{per_sec} frames/s");
         }
     }
 
