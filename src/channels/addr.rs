@@ -177,20 +177,23 @@ impl ChannelAddr {
     }
 
     /// Subscribe `conn`: resolves to the channel's snapshot, after which
-    /// every envelope of the channel reaches `conn`.
+    /// every envelope of the channel reaches `conn`, or to the channel's
+    /// refusal (its state cannot be vouched for, see
+    /// [`super::core::ChannelCore::subscribe`]). The outer error means the
+    /// channel is gone (its actor stopped while we asked).
     pub fn subscribe(
         &self,
         conn: Arc<Outbound>,
         view_turns: Option<i64>,
-    ) -> impl Future<Output = Result<SnapshotJson, RpcError>> + 'static {
+    ) -> impl Future<Output = Result<Result<SnapshotJson, RpcError>, MailboxError>> + 'static {
         let msg = Subscribe { conn, view_turns };
         let addr = self.clone();
         async move {
-            answered(match addr {
+            match addr {
                 ChannelAddr::Chat(a) => a.send(msg).await,
                 ChannelAddr::Session(a) => a.send(msg).await,
                 ChannelAddr::Root(a) => a.send(msg).await,
-            })
+            }
         }
     }
 

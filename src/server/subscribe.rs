@@ -44,10 +44,13 @@ impl Connection {
         let view_turns = p.view.and_then(|v| v.turns);
         self.subscribe_many(vec![uri.clone()], view_turns, ctx, move |_, snaps| {
             let id = id?;
-            let frame = match snaps.into_iter().next() {
-                Some(s) => protocol::encode_raw_result(&id, &format!("{{\"snapshot\":{}}}", s.0)),
+            let frame = match snaps.map(|s| s.into_iter().next()) {
+                Ok(Some(s)) => {
+                    protocol::encode_raw_result(&id, &format!("{{\"snapshot\":{}}}", s.0))
+                }
                 // Disposed while we asked.
-                None => protocol::encode_error(&id, &Self::not_found(&uri)),
+                Ok(None) => protocol::encode_error(&id, &Self::not_found(&uri)),
+                Err(e) => protocol::encode_error(&id, &e),
             };
             Some(ByteString::from(frame))
         })
@@ -55,12 +58,20 @@ impl Connection {
 
     /// Subscribe to `uris` atomically with respect to this connection's queue:
     /// frames are held until `reply` (built from the snapshots) is queued.
+    ///
+    /// A channel disposed while we asked is left out of the snapshots. A
+    /// channel that refuses (its state cannot be vouched for until the
+    /// store answers again) fails the whole request with its reason, and
+    /// the channels this request newly subscribed are let go again: the
+    /// client retries and loses nothing, rather than go on without a
+    /// channel it asked for.
     fn subscribe_many(
         &mut self,
         uris: Vec<ChannelUri>,
         view_turns: Option<i64>,
         ctx: &mut Context<Self>,
-        reply: impl FnOnce(&mut Self, Vec<SnapshotJson>) -> Option<ByteString> + 'static,
+        reply: impl FnOnce(&mut Self, Result<Vec<SnapshotJson>, RpcError>) -> Option<ByteString>
+            + 'static,
     ) -> Result<(), RpcError> {
         let max = self
             .app
@@ -87,21 +98,39 @@ impl Connection {
         let conn = self.out.clone();
         let futs = channels.into_iter().map(move |ch| {
             let snapshot = ch.addr.subscribe(conn.clone(), view_turns);
-            async move { (ch.uri, snapshot.await) }
+            async move { (ch, snapshot.await) }
         });
         let all = futures_util::future::join_all(futs);
         ctx.wait(all.into_actor(self).map(move |results, act, _| {
             let mut snaps = Vec::new();
-            for (uri, res) in results {
+            let mut added = Vec::new();
+            let mut refusal = None;
+            for (ch, res) in results {
                 match res {
-                    Ok(s) => {
-                        act.subs.insert(uri);
+                    Ok(Ok(s)) => {
+                        if act.subs.insert(ch.uri.clone()) {
+                            added.push(ch);
+                        }
                         snaps.push(s);
                     }
-                    Err(_) => tracing::debug!(%uri, "channel vanished during subscribe"),
+                    Ok(Err(e)) => {
+                        tracing::warn!(uri = %ch.uri, reason = %e.message, "subscription refused");
+                        refusal.get_or_insert(e);
+                    }
+                    Err(_) => tracing::debug!(uri = %ch.uri, "channel vanished during subscribe"),
                 }
             }
-            let frame = reply(act, snaps);
+            let answer = match refusal {
+                None => Ok(snaps),
+                Some(e) => {
+                    for ch in added {
+                        act.subs.take(ch.uri.as_str());
+                        ch.hub.remove(act.out.id());
+                    }
+                    Err(e)
+                }
+            };
+            let frame = reply(act, answer);
             act.out.ungate_with(frame);
         }));
         Ok(())
@@ -151,6 +180,15 @@ impl Connection {
             .set_client_id(self.out.id(), &p.client_id);
         self.client_id = Some(p.client_id.into());
         let subscribed = self.subscribe_many(uris, None, ctx, move |act, snaps| {
+            let snaps = match snaps {
+                Ok(s) => s,
+                Err(e) => {
+                    // Refused as a whole: the client may `initialize` again.
+                    act.client_id = None;
+                    return id.map(|id| ByteString::from(protocol::encode_error(&id, &e)));
+                }
+            };
+            let id = id?;
             let raws: Vec<Box<RawValue>> = snaps
                 .into_iter()
                 .filter_map(|s| RawValue::from_string(s.0).ok())
@@ -166,7 +204,7 @@ impl Connection {
                 snapshots: raws.iter().map(|r| r.as_ref()).collect(),
             };
             let json = serde_json::to_string(&out).unwrap_or_else(|_| "null".into());
-            id.map(|id| ByteString::from(protocol::encode_raw_result(&id, &json)))
+            Some(ByteString::from(protocol::encode_raw_result(&id, &json)))
         });
         if subscribed.is_err() {
             self.client_id = None;
@@ -260,13 +298,19 @@ impl Connection {
         shared.metrics.reconnected(ReconnectAnswer::Snapshot);
         let uris = present.iter().map(|c| c.uri.clone()).collect();
         self.subscribe_many(uris, None, ctx, move |_, snaps| {
-            let joined = snaps.into_iter().map(|s| s.0).collect::<Vec<_>>().join(",");
-            id.map(|id| {
-                ByteString::from(protocol::encode_raw_result(
-                    &id,
-                    &format!("{{\"type\":\"snapshot\",\"snapshots\":[{joined}]}}"),
-                ))
-            })
+            let id = id?;
+            let frame = match snaps {
+                Ok(snaps) => {
+                    let joined = snaps.into_iter().map(|s| s.0).collect::<Vec<_>>().join(",");
+                    protocol::encode_raw_result(
+                        &id,
+                        &format!("{{\"type\":\"snapshot\",\"snapshots\":[{joined}]}}"),
+                    )
+                }
+                // The client keeps its state and may reconnect again.
+                Err(e) => protocol::encode_error(&id, &e),
+            };
+            Some(ByteString::from(frame))
         })
     }
 }

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ahp_types::actions::StateAction;
-use ahp_types::state::SessionInputRequest;
+use ahp_types::commands::SubscribeResult;
+use ahp_types::state::{SessionInputRequest, SnapshotState};
 use common::*;
 use serde_json::json;
 use tandem::ids::{ChannelUri, JournalPos, ServerSeq};
@@ -315,6 +316,151 @@ async fn a_store_that_stops_writing_refuses_new_actions_and_keeps_serving_reads(
         now.draft, before.draft,
         "an action the store refused is not visible"
     );
+    server.stop().await;
+}
+
+/// A store that goes away as a whole: appends and reads both fail until
+/// it is back (a network store out of reach).
+#[derive(Default)]
+struct AwayJournal {
+    inner: MemoryJournal,
+    away: AtomicBool,
+}
+
+impl AwayJournal {
+    fn check(&self) -> Result<(), JournalError> {
+        if self.away.load(Ordering::SeqCst) {
+            return Err(JournalError::Unavailable(
+                "the store is out of reach".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Journal for AwayJournal {
+    fn create_channel(&self, info: ChannelInfo) -> Commit {
+        match self.check() {
+            Ok(()) => self.inner.create_channel(info),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+    fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
+        match self.check() {
+            Ok(()) => self.inner.append(channel, expected, batch),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+    fn remove(&self, channel: &ChannelUri) {
+        self.inner.remove(channel)
+    }
+    fn len(&self, channel: &ChannelUri) -> JournalPos {
+        self.inner.len(channel)
+    }
+    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
+        self.inner.turns_before(chat, before, limit)
+    }
+    fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {
+        self.check()?;
+        self.inner.reserve_seq(next, count)
+    }
+    fn recover(&self) -> Result<Recovered, JournalError> {
+        self.check()?;
+        self.inner.recover()
+    }
+    fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
+        self.check()?;
+        self.inner.load_channel(uri)
+    }
+    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
+        self.inner.bind_provider(provider, subject)
+    }
+}
+
+/// A refused write whose channel cannot be read back (the store is away
+/// for reads too) leaves a state nobody may see: subscribing is refused
+/// with that reason, not as an unknown channel, an `initialize` naming it
+/// is refused whole, and once the store answers
+/// again the channel is served from what it holds and takes writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_the_store_cannot_read_back_refuses_subscriptions_with_why_until_it_can() {
+    let journal = Arc::new(AwayJournal::default());
+    let server = TestServer::start_with_journal(tandem::Config::default(), journal.clone()).await;
+    let mut c = server.client("c").await;
+    let (_s, chat) = c.create_session().await;
+    let before = c.subscribe_chat(&chat).await.state;
+
+    journal.away.store(true, Ordering::SeqCst);
+    let refused = c.dispatch(&chat, draft("never stored")).await;
+    let echo = c.wait_echo(None, refused).await;
+    assert!(
+        echo.rejection_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("out of reach")),
+        "{:?}",
+        echo.rejection_reason
+    );
+
+    let reader = server.client("reader").await;
+    let err = reader
+        .client
+        .request::<_, SubscribeResult>("subscribe", json!({"channel": chat}))
+        .await
+        .expect_err("the channel cannot vouch for its state");
+    let err = format!("{err:?}");
+    assert!(
+        err.contains("could not be reloaded") && err.contains("out of reach"),
+        "{err}"
+    );
+    assert!(!err.contains("no channel"), "not an unknown channel: {err}");
+    // The refused channel is not left half subscribed on that connection:
+    // the same request is answered the same way, not as a duplicate.
+    let again = reader
+        .client
+        .request::<_, SubscribeResult>("subscribe", json!({"channel": chat}))
+        .await
+        .expect_err("still refused");
+    assert!(format!("{again:?}").contains("could not be reloaded"));
+
+    let late = TestClient::raw_connect(&server.url()).await;
+    let err = late
+        .initialize("late".into(), vec!["1.0.0".into()], vec![chat.clone()])
+        .await
+        .expect_err("initialize names a channel that refuses");
+    assert!(
+        format!("{err:?}").contains("could not be reloaded"),
+        "{err:?}"
+    );
+    // Refused whole: the connection may initialize again.
+    late.initialize("late".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("a second initialize after a refused one");
+
+    journal.away.store(false, Ordering::SeqCst);
+    let (reader, chat_ref) = (&reader, chat.as_str());
+    let now = eventually("the channel is served again", || async move {
+        let got = reader
+            .client
+            .request::<_, SubscribeResult>("subscribe", json!({"channel": chat_ref}))
+            .await
+            .ok()?;
+        match got.snapshot?.state {
+            SnapshotState::Chat(c) => Some(*c),
+            _ => None,
+        }
+    })
+    .await;
+    assert_eq!(now.draft, before.draft, "the refused write is not visible");
+    let mut writes = None;
+    for _ in 0..40 {
+        let seq = c.dispatch(&chat, draft("stored now")).await;
+        if c.wait_echo(None, seq).await.rejection_reason.is_none() {
+            writes = Some(());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(writes.is_some(), "writes resume");
     server.stop().await;
 }
 
