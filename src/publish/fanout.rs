@@ -16,6 +16,7 @@
 //! under that connection's lock ([`Outbound::flush`]).
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -36,6 +37,9 @@ struct Job {
 #[derive(Default)]
 pub struct Fanout {
     helpers: Vec<mpsc::Sender<Job>>,
+    /// Where the next room's first helper share goes: rooms too small to
+    /// need every helper take turns, rather than all queue on the first.
+    next: AtomicUsize,
 }
 
 impl Fanout {
@@ -59,7 +63,10 @@ impl Fanout {
                 }
             }
         }
-        Self { helpers }
+        Self {
+            helpers,
+            next: AtomicUsize::new(0),
+        }
     }
 
     /// Helper threads running.
@@ -68,14 +75,21 @@ impl Fanout {
     }
 
     /// Write what is queued on every connection of `subs`: the first share
-    /// on this thread, the others on helpers.
+    /// on this thread, the others on helpers, each room starting from the
+    /// helper after the one the previous room started from.
     pub fn flush(&self, subs: &Arc<Vec<Arc<Outbound>>>) {
         let shares = shares(subs.len(), self.helpers.len());
         let mut shares = shares.into_iter();
         let Some(own) = shares.next() else {
             return;
         };
-        for (helper, range) in self.helpers.iter().zip(shares) {
+        let first = if shares.len() == 0 {
+            0
+        } else {
+            self.next.fetch_add(1, Ordering::Relaxed) % self.helpers.len()
+        };
+        let helpers = self.helpers.iter().cycle().skip(first);
+        for (helper, range) in helpers.zip(shares) {
             let job = Job {
                 subs: subs.clone(),
                 range,

@@ -498,6 +498,44 @@ fn a_big_room_is_written_by_the_publisher_and_a_fanout_thread_each_connection_in
 }
 
 #[test]
+fn rooms_that_need_fewer_helpers_than_there_are_take_turns_among_them() {
+    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout_threads(3);
+    // Two shares: the publisher's and one helper's.
+    let n = 2 * FANOUT_MIN_SHARE;
+    let (hub, conns) = wired_room(n);
+    let ch = ChannelUri::from("ahp-chat:/x");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    for i in 1..=6 {
+        p.publish(&ch, &hub, &i.to_string(), None, None);
+        while conns.iter().any(|(_, w)| written_seqs(w).len() < i) {
+            assert!(std::time::Instant::now() < deadline, "envelope {i} written");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    let me = std::thread::current().id();
+    let helper_share = fanout::shares(n, 3)[1].clone();
+    for i in helper_share {
+        let writers = conns[i].1.writers();
+        assert_eq!(writers.len(), 6, "connection {i}: one write per envelope");
+        assert!(
+            writers.iter().all(|t| *t != me),
+            "connection {i}: by helpers"
+        );
+        let distinct: std::collections::HashSet<_> = writers.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            3,
+            "connection {i}: every helper took a turn"
+        );
+        assert_eq!(
+            writers[..3],
+            writers[3..],
+            "connection {i}: the helpers in turn, round and round"
+        );
+    }
+}
+
+#[test]
 fn a_room_under_two_shares_is_written_at_once_by_the_publisher() {
     let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout_threads(3);
     let (hub, conns) = wired_room(2 * FANOUT_MIN_SHARE - 1);
