@@ -297,7 +297,11 @@ impl Connection {
         self.out.ungate_with(None);
         shared.metrics.reconnected(ReconnectAnswer::Snapshot);
         let uris = present.iter().map(|c| c.uri.clone()).collect();
-        self.subscribe_many(uris, None, ctx, move |_, snaps| {
+        self.subscribe_many(uris, None, ctx, move |act, snaps| {
+            if snaps.is_err() {
+                // Refused whole: the client may `reconnect` again.
+                act.client_id = None;
+            }
             let id = id?;
             let frame = match snaps {
                 Ok(snaps) => {
@@ -307,7 +311,7 @@ impl Connection {
                         &format!("{{\"type\":\"snapshot\",\"snapshots\":[{joined}]}}"),
                     )
                 }
-                // The client keeps its state and may reconnect again.
+                // The client keeps its state and tries again.
                 Err(e) => protocol::encode_error(&id, &e),
             };
             Some(ByteString::from(frame))

@@ -10,7 +10,7 @@ use ahp_types::actions::StateAction;
 use ahp_types::commands::SubscribeResult;
 use ahp_types::state::{SessionInputRequest, SnapshotState};
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 use tandem::ids::{ChannelUri, JournalPos, ServerSeq};
 use tandem::store::{
     Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered,
@@ -379,8 +379,8 @@ impl Journal for AwayJournal {
 
 /// A refused write whose channel cannot be read back (the store is away
 /// for reads too) leaves a state nobody may see: subscribing is refused
-/// with that reason, not as an unknown channel, an `initialize` naming it
-/// is refused whole, and once the store answers
+/// with that reason, not as an unknown channel, an `initialize` or a
+/// `reconnect` naming it is refused whole, and once the store answers
 /// again the channel is served from what it holds and takes writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_channel_the_store_cannot_read_back_refuses_subscriptions_with_why_until_it_can() {
@@ -435,6 +435,26 @@ async fn a_channel_the_store_cannot_read_back_refuses_subscriptions_with_why_unt
     late.initialize("late".into(), vec!["1.0.0".into()], vec![])
         .await
         .expect("a second initialize after a refused one");
+
+    // A `reconnect` too old for a replay takes fresh snapshots: refused
+    // whole the same way, and the connection may try again.
+    let back = TestClient::raw_connect(&server.url()).await;
+    let reconnect = |subscriptions: Vec<String>| {
+        back.request::<_, Value>(
+            "reconnect",
+            json!({"channel": "ahp-root://", "clientId": "back", "lastSeenServerSeq": -1, "subscriptions": subscriptions}),
+        )
+    };
+    let err = reconnect(vec![chat.clone()])
+        .await
+        .expect_err("reconnect names a channel that refuses");
+    assert!(
+        format!("{err:?}").contains("could not be reloaded"),
+        "{err:?}"
+    );
+    reconnect(vec![])
+        .await
+        .expect("a second reconnect after a refused one");
 
     journal.away.store(false, Ordering::SeqCst);
     let (reader, chat_ref) = (&reader, chat.as_str());
