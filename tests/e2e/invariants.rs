@@ -19,12 +19,23 @@ use tandem::store::{
 use tokio::sync::Notify;
 
 /// The `Journal` methods a test journal hands straight to its `inner`
-/// in-memory journal (each test journal writes only the ones it changes).
+/// in-memory journal (each test journal writes only the ones it changes):
+/// all of them, or (`bookkeeping`) those that neither create, read back
+/// nor write a channel's actions.
 macro_rules! pass_through {
     () => {
+        pass_through!(bookkeeping);
         fn create_channel(&self, info: ChannelInfo) -> Commit {
             self.inner.create_channel(info)
         }
+        fn recover(&self) -> Result<Recovered, JournalError> {
+            self.inner.recover()
+        }
+        fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
+            self.inner.load_channel(uri)
+        }
+    };
+    (bookkeeping) => {
         fn remove(&self, channel: &ChannelUri) {
             self.inner.remove(channel)
         }
@@ -33,12 +44,6 @@ macro_rules! pass_through {
         }
         fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
             self.inner.turns_before(chat, before, limit)
-        }
-        fn recover(&self) -> Result<Recovered, JournalError> {
-            self.inner.recover()
-        }
-        fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
-            self.inner.load_channel(uri)
         }
         fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
             self.inner.bind_provider(provider, subject)
@@ -336,29 +341,23 @@ impl AwayJournal {
         }
         Ok(())
     }
+
+    /// `commit` unless the store is away.
+    fn reach(&self, commit: impl FnOnce() -> Commit) -> Commit {
+        match self.check() {
+            Ok(()) => commit(),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
 }
 
 impl Journal for AwayJournal {
+    pass_through!(bookkeeping);
     fn create_channel(&self, info: ChannelInfo) -> Commit {
-        match self.check() {
-            Ok(()) => self.inner.create_channel(info),
-            Err(e) => Box::pin(std::future::ready(Err(e))),
-        }
+        self.reach(|| self.inner.create_channel(info))
     }
     fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
-        match self.check() {
-            Ok(()) => self.inner.append(channel, expected, batch),
-            Err(e) => Box::pin(std::future::ready(Err(e))),
-        }
-    }
-    fn remove(&self, channel: &ChannelUri) {
-        self.inner.remove(channel)
-    }
-    fn len(&self, channel: &ChannelUri) -> JournalPos {
-        self.inner.len(channel)
-    }
-    fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
-        self.inner.turns_before(chat, before, limit)
+        self.reach(|| self.inner.append(channel, expected, batch))
     }
     fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {
         self.check()?;
@@ -371,9 +370,6 @@ impl Journal for AwayJournal {
     fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
         self.check()?;
         self.inner.load_channel(uri)
-    }
-    fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
-        self.inner.bind_provider(provider, subject)
     }
 }
 
