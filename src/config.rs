@@ -67,6 +67,9 @@ pub struct Config {
     /// Threads besides the publishing one that write shares of a room of
     /// at least twice [`crate::publish::FANOUT_MIN_SHARE`] subscribers.
     pub fanout_threads: usize,
+    /// Batch the socket writes of a room's connections in io_uring
+    /// submissions (Linux, where the kernel allows it).
+    pub io_uring: bool,
     /// A socket with no traffic (not even pongs) for this long is closed.
     pub idle_timeout: Duration,
     /// How often the server pings an idle socket.
@@ -205,6 +208,7 @@ impl Default for Config {
             http_workers: serving,
             actor_threads: cores,
             fanout_threads: cores.saturating_sub(1),
+            io_uring: true,
             idle_timeout: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(20),
             agents: Vec::new(),

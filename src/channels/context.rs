@@ -70,7 +70,7 @@ impl Shared {
             }),
         )
         .with_deliveries(metrics.deliveries.clone())
-        .with_fanout_threads(config.fanout_threads);
+        .with_fanout(config.fanout_threads, config.io_uring);
         if journal.shared_seq() {
             publisher.fresh_block()?;
         }

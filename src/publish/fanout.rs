@@ -14,6 +14,9 @@
 //! Order per connection is not at stake: the frames are already queued,
 //! and whichever thread flushes a connection writes its queue in order
 //! under that connection's lock ([`Outbound::flush`]).
+//!
+//! Each thread writes its share with one system call per batch of
+//! connections where it can ([`Outbound::flush_all`], `--io-uring`).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,17 +37,26 @@ struct Job {
 }
 
 /// The helper threads (none on one core, or with `--fanout-threads 0`).
-#[derive(Default)]
 pub struct Fanout {
     helpers: Vec<mpsc::Sender<Job>>,
     /// Where the next room's first helper share goes: rooms too small to
     /// need every helper take turns, rather than all queue on the first.
     next: AtomicUsize,
+    /// Batch the writes of many connections in one system call.
+    batched: bool,
+}
+
+impl Default for Fanout {
+    /// No helpers; writes batched.
+    fn default() -> Self {
+        Self::new(0, true)
+    }
 }
 
 impl Fanout {
-    /// Start `threads` helpers; they end when this is dropped.
-    pub fn new(threads: usize) -> Self {
+    /// Start `threads` helpers; they end when this is dropped. `batched`:
+    /// see [`Outbound::flush_all`].
+    pub fn new(threads: usize, batched: bool) -> Self {
         let mut helpers = Vec::with_capacity(threads);
         for i in 0..threads {
             let (tx, rx) = mpsc::channel::<Job>();
@@ -52,7 +64,7 @@ impl Fanout {
                 .name(format!("tandem-fanout-{i}"))
                 .spawn(move || {
                     for job in rx {
-                        flush_all(&job.subs[job.range]);
+                        Outbound::flush_all(&job.subs[job.range], batched);
                     }
                 });
             match spawned {
@@ -66,6 +78,7 @@ impl Fanout {
         Self {
             helpers,
             next: AtomicUsize::new(0),
+            batched,
         }
     }
 
@@ -97,16 +110,10 @@ impl Fanout {
             if let Err(mpsc::SendError(job)) = helper.send(job) {
                 // The helper is gone (it cannot panic on its own, but if it
                 // did): its share is written here.
-                flush_all(&job.subs[job.range]);
+                Outbound::flush_all(&job.subs[job.range], self.batched);
             }
         }
-        flush_all(&subs[own]);
-    }
-}
-
-fn flush_all(subs: &[Arc<Outbound>]) {
-    for s in subs {
-        s.flush();
+        Outbound::flush_all(&subs[own], self.batched);
     }
 }
 

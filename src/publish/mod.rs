@@ -211,9 +211,10 @@ impl Publisher {
     }
 
     /// Write big rooms from `threads` more threads than the publishing one
-    /// (`--fanout-threads`).
-    pub fn with_fanout_threads(mut self, threads: usize) -> Self {
-        self.fanout = Fanout::new(threads);
+    /// (`--fanout-threads`), batching each thread's socket writes where
+    /// `batched` (see [`Outbound::flush_all`], `--no-io-uring`).
+    pub fn with_fanout(mut self, threads: usize, batched: bool) -> Self {
+        self.fanout = Fanout::new(threads, batched);
         self
     }
 

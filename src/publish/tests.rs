@@ -457,7 +457,7 @@ fn written_seqs(wire: &outbound::tests::FakeWire) -> Vec<u64> {
 
 #[test]
 fn a_big_room_is_written_by_the_publisher_and_a_fanout_thread_each_connection_in_order() {
-    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout_threads(1);
+    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout(1, true);
     assert_eq!(p.fanout_threads(), 1);
     let n = 2 * FANOUT_MIN_SHARE + 10;
     let (hub, conns) = wired_room(n);
@@ -499,7 +499,7 @@ fn a_big_room_is_written_by_the_publisher_and_a_fanout_thread_each_connection_in
 
 #[test]
 fn rooms_that_need_fewer_helpers_than_there_are_take_turns_among_them() {
-    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout_threads(3);
+    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout(3, true);
     // Two shares: the publisher's and one helper's.
     let n = 2 * FANOUT_MIN_SHARE;
     let (hub, conns) = wired_room(n);
@@ -537,7 +537,7 @@ fn rooms_that_need_fewer_helpers_than_there_are_take_turns_among_them() {
 
 #[test]
 fn a_room_under_two_shares_is_written_at_once_by_the_publisher() {
-    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout_threads(3);
+    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout(3, true);
     let (hub, conns) = wired_room(2 * FANOUT_MIN_SHARE - 1);
     let ch = ChannelUri::from("ahp-chat:/x");
     p.publish(&ch, &hub, "{}", None, None);

@@ -238,6 +238,15 @@ impl Wire for Socket {
         written
     }
 
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.tcp.as_raw_fd())
+    }
+
+    fn sent(&self, n: usize) {
+        self.metrics.sent_bytes.increment(n as u64);
+    }
+
     fn last_ack_age_ms(&self) -> Option<u64> {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         {

@@ -179,6 +179,11 @@ pub struct ServeArgs {
     /// publishing thread [default: one per core, less one].
     #[arg(long, value_parser = threads)]
     pub fanout_threads: Option<usize>,
+    /// Write every connection of a room with a system call of its own
+    /// instead of handing the kernel a batch of them in one io_uring
+    /// submission (Linux; without io_uring the server does this anyway).
+    #[arg(long)]
+    pub no_io_uring: bool,
     /// Open connections on the server.
     #[arg(long, default_value_t = crate::Limits::default().max_connections)]
     pub max_connections: usize,
@@ -436,6 +441,7 @@ impl ServeArgs {
             http_workers: self.http_workers.unwrap_or(defaults.http_workers).max(1),
             actor_threads: self.actor_threads.unwrap_or(defaults.actor_threads).max(1),
             fanout_threads: self.fanout_threads.unwrap_or(defaults.fanout_threads),
+            io_uring: !self.no_io_uring,
             ..defaults
         };
         Ok(Box::new(Serve {
@@ -574,6 +580,7 @@ mod tests {
             ("http_workers", vec![], vec!["--http-workers", "3"], "http_workers = 3".into()),
             ("actor_threads", vec![], vec!["--actor-threads", "5"], "actor_threads = 5".into()),
             ("fanout_threads", vec![], vec!["--fanout-threads", "9"], "fanout_threads = 9".into()),
+            ("no_io_uring", vec![], vec!["--no-io-uring"], "no_io_uring = true".into()),
             ("max_connections", vec![], vec!["--max-connections", "77"], "max_connections = 77".into()),
             ("max_connections_per_token", vec![], vec!["--max-connections-per-token", "9"], "max_connections_per_token = 9".into()),
             ("max_subscriptions_per_connection", vec![], vec!["--max-subscriptions-per-connection", "11"], "max_subscriptions_per_connection = 11".into()),

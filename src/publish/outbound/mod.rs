@@ -43,6 +43,8 @@ use parking_lot::Mutex;
 
 use crate::ids::{ConnId, ServerSeq};
 
+#[cfg(target_os = "linux")]
+mod batch;
 mod frame;
 mod liveness;
 mod pace;
@@ -109,6 +111,16 @@ impl State {
         self.last_write.map(|t| t + interval)
     }
 
+    /// After a direct write (`unsent` holds what the socket did not take):
+    /// the socket side's waker if it has something left to write.
+    fn after_direct_write(&mut self) -> Option<Waker> {
+        if !self.frames.is_empty() || !self.unsent.is_empty() {
+            self.waker.take()
+        } else {
+            None
+        }
+    }
+
     /// The socket side's waker when frames were just queued, unless they
     /// wait for its pacing deadline (none is urgent).
     fn waker_for_new_frames(&mut self) -> Option<Waker> {
@@ -118,6 +130,14 @@ impl State {
             self.waker.take()
         }
     }
+}
+
+/// What the first half of a flush came to ([`Outbound::start_flush`]).
+enum Flush {
+    /// Nothing for the caller to write; wake this, if anything.
+    Done(Option<Waker>),
+    /// Write these to the wire now, under the lock.
+    Write(VecDeque<Frame>),
 }
 
 /// One connection's outbound frames, in the order they must be written.
@@ -236,6 +256,22 @@ impl Outbound {
         wake(waker);
     }
 
+    /// Flush every connection of `outs` (a room after a publish). With
+    /// `batched`, on Linux, the direct writes of many connections go to the
+    /// kernel in one system call (see `batch`); otherwise each
+    /// connection is flushed on its own.
+    pub fn flush_all(outs: &[Arc<Outbound>], batched: bool) {
+        #[cfg(target_os = "linux")]
+        if batched && outs.len() > 1 && batch::flush(outs) {
+            return;
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = batched;
+        for out in outs {
+            out.flush();
+        }
+    }
+
     fn enqueue_push(&self, st: &mut State, push: Push<'_>, now: Instant) {
         if st.close.is_some() {
             return;
@@ -271,45 +307,53 @@ impl Outbound {
     /// The flush under the lock: returns whom to wake. `now`: the clock,
     /// if the caller has just read it.
     fn flush_locked(&self, st: &mut State, now: Option<Instant>) -> Option<Waker> {
+        match Self::start_flush(st, now) {
+            Flush::Done(waker) => waker,
+            Flush::Write(frames) => {
+                if let Some(wire) = &st.wire {
+                    st.unsent = wire::write_now(&**wire, frames);
+                }
+                st.after_direct_write()
+            }
+        }
+    }
+
+    /// The first half of a flush under the lock: either nothing is written
+    /// by the caller now (and whom to wake), or the frames it must write to
+    /// the wire at once, before letting go of the lock, and then call
+    /// [`State::after_direct_write`].
+    fn start_flush(st: &mut State, now: Option<Instant>) -> Flush {
         if st.close.is_some() {
             // Closing (an overflow drops the queue): the socket side sends
             // the close.
-            return st.waker.take();
+            return Flush::Done(st.waker.take());
         }
         if st.frames.is_empty() {
-            return None;
+            return Flush::Done(None);
         }
         if st.wire.is_none() {
-            return st.waker_for_new_frames();
+            return Flush::Done(st.waker_for_new_frames());
         }
         if st.writing {
             // The socket side is writing and takes the rest when done.
-            return None;
+            return Flush::Done(None);
         }
         if !st.unsent.is_empty() {
-            return st.waker.take();
+            return Flush::Done(st.waker.take());
         }
         let now = now.unwrap_or_else(Instant::now);
         let paced = !st.urgent && st.paced_until().is_some_and(|due| due > now);
         if paced {
             // The socket side keeps the deadline (woken once to set it).
-            return st.waker_for_new_frames();
+            return Flush::Done(st.waker_for_new_frames());
         }
         let frames = take_frames(st);
-        let more = !st.frames.is_empty();
-        if !more {
+        if st.frames.is_empty() {
             st.urgent = false;
         }
         st.takes = st.takes.wrapping_add(1);
         st.last_write = Some(now);
-        if let Some(wire) = &st.wire {
-            st.unsent = wire::write_now(&**wire, frames);
-        }
-        if more || !st.unsent.is_empty() {
-            st.waker.take()
-        } else {
-            None
-        }
+        Flush::Write(frames)
     }
 
     /// The queue passed its limit: drop it and close with

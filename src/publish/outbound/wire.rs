@@ -17,6 +17,15 @@ pub trait Wire: Send + Sync {
     /// Write as much of `buf` as the socket takes now, without waiting.
     fn try_write(&self, buf: &[u8]) -> std::io::Result<usize>;
 
+    /// The socket's descriptor, for a write batched with other connections'
+    /// in one system call (`None`: written through [`Wire::try_write`]).
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
+    /// `n` bytes went to the socket by a batched write (for its metrics).
+    fn sent(&self, _n: usize) {}
+
     /// Milliseconds since the client's TCP last acknowledged anything, where
     /// the socket can tell.
     fn last_ack_age_ms(&self) -> Option<u64> {

@@ -6,6 +6,8 @@ use bytes::BytesMut;
 
 use super::*;
 
+#[cfg(target_os = "linux")]
+mod batch;
 mod liveness;
 mod wire;
 

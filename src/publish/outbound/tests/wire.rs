@@ -51,7 +51,7 @@ impl Wire for FakeWire {
 }
 
 /// The texts of the whole server frames in `bytes`.
-fn decode(bytes: &[u8]) -> Vec<String> {
+pub(super) fn decode(bytes: &[u8]) -> Vec<String> {
     let mut buf = BytesMut::from(bytes);
     let mut texts = Vec::new();
     while let Ok(Some((_, op, payload))) = Parser::parse(&mut buf, false, 1 << 20) {
@@ -66,7 +66,7 @@ fn decode(bytes: &[u8]) -> Vec<String> {
 }
 
 /// Register a counting waker as the socket side, pacing or not.
-fn park(o: &Outbound, pace: bool) -> Arc<Counter> {
+pub(super) fn park(o: &Outbound, pace: bool) -> Arc<Counter> {
     let counter = Arc::new(Counter::default());
     let waker = counter.clone().into();
     assert!(!matches!(
@@ -76,7 +76,7 @@ fn park(o: &Outbound, pace: bool) -> Arc<Counter> {
     counter
 }
 
-fn env(seq: u64, text: &str) -> Push<'static> {
+pub(super) fn env(seq: u64, text: &str) -> Push<'static> {
     Push::Envelope(ServerSeq::new(seq), ByteString::from(text.to_owned()))
 }
 
