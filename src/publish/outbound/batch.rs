@@ -156,19 +156,20 @@ impl Ring {
             };
             match Outbound::start_flush(&mut st, Some(now)) {
                 Flush::Done(waker) => wakers.extend(waker),
-                Flush::Write(frames) => {
-                    if st.wire.as_ref().and_then(|w| w.raw_fd()).is_some() {
+                Flush::Write(n) => {
+                    let state: &mut State = &mut st;
+                    if state.wire.as_ref().and_then(|w| w.raw_fd()).is_some() {
                         let start = self.buf.len();
-                        encode_frames(&mut self.buf, frames);
+                        encode_frames(&mut self.buf, state.frames.drain(..n));
                         held.push(Held {
                             st,
                             bytes: start..self.buf.len(),
                         });
                     } else {
-                        if let Some(wire) = &st.wire {
-                            st.unsent = wire::write_now(&**wire, frames);
+                        if let Some(wire) = &state.wire {
+                            state.unsent = wire::write_now(&**wire, state.frames.drain(..n));
                         }
-                        wakers.extend(st.after_direct_write());
+                        wakers.extend(state.after_direct_write());
                     }
                 }
             }

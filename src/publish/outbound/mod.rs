@@ -114,6 +114,11 @@ impl State {
     /// After a direct write (`unsent` holds what the socket did not take):
     /// the socket side's waker if it has something left to write.
     fn after_direct_write(&mut self) -> Option<Waker> {
+        // The queue's buffer is kept for the next frames, unless a backlog
+        // made it large.
+        if self.frames.is_empty() && self.frames.capacity() > FRAMES_KEEP {
+            self.frames = VecDeque::new();
+        }
         if !self.frames.is_empty() || !self.unsent.is_empty() {
             self.waker.take()
         } else {
@@ -136,8 +141,10 @@ impl State {
 enum Flush {
     /// Nothing for the caller to write; wake this, if anything.
     Done(Option<Waker>),
-    /// Write these to the wire now, under the lock.
-    Write(VecDeque<Frame>),
+    /// Write this many frames from the front of the queue to the wire now,
+    /// under the lock (draining them keeps the queue's buffer, so a
+    /// delivery allocates nothing for its queue).
+    Write(usize),
 }
 
 /// One connection's outbound frames, in the order they must be written.
@@ -309,9 +316,9 @@ impl Outbound {
     fn flush_locked(&self, st: &mut State, now: Option<Instant>) -> Option<Waker> {
         match Self::start_flush(st, now) {
             Flush::Done(waker) => waker,
-            Flush::Write(frames) => {
+            Flush::Write(n) => {
                 if let Some(wire) = &st.wire {
-                    st.unsent = wire::write_now(&**wire, frames);
+                    st.unsent = wire::write_now(&**wire, st.frames.drain(..n));
                 }
                 st.after_direct_write()
             }
@@ -319,7 +326,8 @@ impl Outbound {
     }
 
     /// The first half of a flush under the lock: either nothing is written
-    /// by the caller now (and whom to wake), or the frames it must write to
+    /// by the caller now (and whom to wake), or how many frames from the
+    /// front of the queue (already uncounted) it must drain and write to
     /// the wire at once, before letting go of the lock, and then call
     /// [`State::after_direct_write`].
     fn start_flush(st: &mut State, now: Option<Instant>) -> Flush {
@@ -347,13 +355,13 @@ impl Outbound {
             // The socket side keeps the deadline (woken once to set it).
             return Flush::Done(st.waker_for_new_frames());
         }
-        let frames = take_frames(st);
-        if st.frames.is_empty() {
+        let n = take_count(st);
+        if st.frames.len() == n {
             st.urgent = false;
         }
         st.takes = st.takes.wrapping_add(1);
         st.last_write = Some(now);
-        Flush::Write(frames)
+        Flush::Write(n)
     }
 
     /// The queue passed its limit: drop it and close with
@@ -515,6 +523,10 @@ impl Outbound {
     }
 }
 
+/// Frames' room an emptied queue keeps for the next ones (a direct write
+/// drains the queue in place, so a steady stream allocates nothing).
+const FRAMES_KEEP: usize = 16;
+
 /// Bytes one take carries at most (at least one frame): the rest stays
 /// queued, and counted, until the socket has room again. Bounds what a
 /// connection holds outside its queue to this plus the HTTP layer's buffer.
@@ -523,6 +535,18 @@ const TAKE_BUDGET: usize = 64 * 1024;
 /// Take frames from the front of the queue, at most [`TAKE_BUDGET`] bytes
 /// (at least one frame), uncounting them.
 fn take_frames(st: &mut State) -> VecDeque<Frame> {
+    let n = take_count(st);
+    if n == st.frames.len() {
+        std::mem::take(&mut st.frames)
+    } else {
+        st.frames.drain(..n).collect()
+    }
+}
+
+/// How many frames from the front of the queue one take carries (at most
+/// [`TAKE_BUDGET`] bytes, at least one frame), uncounted here: the caller
+/// removes them.
+fn take_count(st: &mut State) -> usize {
     let mut budget = TAKE_BUDGET;
     let n = st
         .frames
@@ -538,15 +562,11 @@ fn take_frames(st: &mut State) -> VecDeque<Frame> {
         .unwrap_or(st.frames.len())
         .max(1)
         .min(st.frames.len());
-    let frames: VecDeque<Frame> = if n == st.frames.len() {
-        std::mem::take(&mut st.frames)
-    } else {
-        st.frames.drain(..n).collect()
-    };
-    st.bytes -= frames.iter().map(counted_len).sum::<usize>();
-    st.reply_bytes -= frames.iter().map(reply_len).sum::<usize>();
-    st.text_since_beat |= frames.iter().any(|f| matches!(f, Frame::Text { .. }));
-    frames
+    let taken = st.frames.range(..n);
+    st.bytes -= taken.clone().map(counted_len).sum::<usize>();
+    st.reply_bytes -= taken.clone().map(reply_len).sum::<usize>();
+    st.text_since_beat |= taken.into_iter().any(|f| matches!(f, Frame::Text { .. }));
+    n
 }
 
 fn wake(waker: Option<Waker>) {

@@ -44,7 +44,7 @@ thread_local! {
 /// Encode `frames` and write them to `wire` now; what the socket did not
 /// take (empty when it took everything). A write that would block or
 /// failed leaves it all: the socket side writes it and finds out.
-pub(super) fn write_now(wire: &dyn Wire, frames: VecDeque<Frame>) -> Bytes {
+pub(super) fn write_now(wire: &dyn Wire, frames: impl IntoIterator<Item = Frame>) -> Bytes {
     SCRATCH.with_borrow_mut(|buf| {
         buf.clear();
         encode_frames(buf, frames);
@@ -66,9 +66,9 @@ pub fn encoded_len(frames: &VecDeque<Frame>) -> usize {
     frames.iter().map(|f| frame_len(f) + 10).sum()
 }
 
-/// Append `frames` to `buf` as server WebSocket frames (unmasked).
-pub fn encode_frames(buf: &mut BytesMut, frames: VecDeque<Frame>) {
-    buf.reserve(encoded_len(&frames));
+/// Append `frames` to `buf` as server WebSocket frames (unmasked; each
+/// reserves its own room).
+pub fn encode_frames(buf: &mut BytesMut, frames: impl IntoIterator<Item = Frame>) {
     for frame in frames {
         match frame {
             Frame::Text { data, .. } => {

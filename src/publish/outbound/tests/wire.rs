@@ -210,3 +210,24 @@ fn a_fast_stream_stretches_the_pacing_interval_and_a_slow_one_does_not() {
     let written = o.state.lock().last_write.expect("written");
     assert_eq!(o.paced_until(), Some(written + p));
 }
+
+#[test]
+fn a_direct_write_keeps_the_queue_buffer_unless_a_backlog_made_it_large() {
+    let o = Outbound::new(1 << 20);
+    let wire = FakeWire::with_room(1 << 20);
+    o.attach(wire.clone(), Duration::ZERO);
+    o.push_deferred(env(1, "a"), Instant::now());
+    o.flush();
+    let kept = o.state.lock().frames.capacity();
+    assert!(kept > 0, "the next frame reuses the buffer");
+    o.push_deferred(env(2, "b"), Instant::now());
+    o.flush();
+    assert_eq!(o.state.lock().frames.capacity(), kept, "no new buffer");
+    // A backlog of 100 frames written in one go: its buffer is let go.
+    for seq in 3..103 {
+        o.push_deferred(env(seq, "c"), Instant::now());
+    }
+    o.flush();
+    assert_eq!(o.state.lock().frames.capacity(), 0);
+    assert_eq!(wire.texts().len(), 102, "every frame written once");
+}
