@@ -250,30 +250,39 @@ impl Ring {
         }
         let queued = self.ring.submission().len();
         let mut error = None;
-        let mut answered = 0;
         let mut tries = 0;
         // Hand everything to the kernel.
         while !self.ring.submission().is_empty() {
             tries += 1;
             match self.ring.submit() {
                 Ok(_) => {}
-                Err(e) if retry(&e) && tries < MAX_TRIES => answered += self.reap(),
+                Err(e) if retry(&e) && tries < MAX_TRIES => self.reap(),
                 Err(e) => {
                     error = Some(e);
                     break;
                 }
             }
         }
-        let unsubmitted = self.ring.submission().len();
-        let submitted = queued - unsubmitted;
         // Entries the kernel did not take are the last ones queued: they
-        // keep NOT_SUBMITTED and are written plainly.
-        answered += self.reap();
-        while answered < submitted {
-            match self.ring.submit_and_wait(1) {
+        // keep NOT_SUBMITTED and are written plainly. They never reach the
+        // kernel: from here on it is only waited on (nothing submitted),
+        // and after an error the ring is dropped.
+        let submitted = queued - self.ring.submission().len();
+        self.reap();
+        let mut waits = 0;
+        while self.results[..submitted].contains(&NOT_SUBMITTED) {
+            waits += 1;
+            // SAFETY: nothing is submitted and no argument is passed.
+            let waited = unsafe {
+                self.ring
+                    .submitter()
+                    .enter::<libc::sigset_t>(0, 1, ENTER_GETEVENTS, None)
+            };
+            match waited {
                 Ok(_) => {}
-                Err(e) if retry(&e) => {}
+                Err(e) if retry(&e) && waits < MAX_TRIES => {}
                 Err(e) => {
+                    self.reap();
                     for r in &mut self.results[..submitted] {
                         if *r == NOT_SUBMITTED {
                             *r = UNANSWERED;
@@ -282,7 +291,7 @@ impl Ring {
                     return Err(e);
                 }
             }
-            answered += self.reap();
+            self.reap();
         }
         match error {
             Some(e) => Err(e),
@@ -290,20 +299,20 @@ impl Ring {
         }
     }
 
-    /// Take the answers the kernel has posted; how many.
-    fn reap(&mut self) -> usize {
-        let mut n = 0;
+    /// Take the answers the kernel has posted.
+    fn reap(&mut self) {
         for cqe in self.ring.completion() {
             if let Some(slot) = self.results.get_mut(cqe.user_data() as usize) {
                 *slot = cqe.result();
             }
-            n += 1;
         }
-        n
     }
 }
 
-/// Submissions tried for one batch before the ring is given up.
+/// `IORING_ENTER_GETEVENTS` (`linux/io_uring.h`): wait for answers.
+const ENTER_GETEVENTS: u32 = 1;
+
+/// Submissions (and waits) tried for one batch before the ring is given up.
 const MAX_TRIES: usize = 1000;
 
 /// A submission error worth trying again at once.
