@@ -16,7 +16,8 @@
 //! under that connection's lock ([`Outbound::flush`]).
 //!
 //! Each thread writes its share with one system call per batch of
-//! connections where it can ([`Outbound::flush_all`], `--io-uring`).
+//! connections where it can ([`Outbound::flush_all`]; `--no-io-uring` turns it
+//! off).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -23,6 +23,7 @@
 
 use std::cell::RefCell;
 use std::ops::Range;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
@@ -32,7 +33,7 @@ use bytes::{Bytes, BytesMut};
 use io_uring::{opcode, types, IoUring};
 use parking_lot::MutexGuard;
 
-use super::{encode_frames, wake, wire, Flush, Outbound, State};
+use super::{encode_frames, wake, Flush, Outbound, State};
 
 /// Connections written by one submission at most (the ring's size).
 pub(super) const BATCH: usize = 32;
@@ -132,6 +133,8 @@ fn new_ring() -> std::io::Result<IoUring> {
 /// A connection whose frames are in the batch, locked until its answer.
 struct Held<'a> {
     st: MutexGuard<'a, State>,
+    /// Its socket's descriptor.
+    fd: RawFd,
     bytes: Range<usize>,
 }
 
@@ -156,22 +159,18 @@ impl Ring {
             };
             match Outbound::start_flush(&mut st, Some(now)) {
                 Flush::Done(waker) => wakers.extend(waker),
-                Flush::Write(n) => {
-                    let state: &mut State = &mut st;
-                    if state.wire.as_ref().and_then(|w| w.raw_fd()).is_some() {
+                Flush::Write(n) => match st.wire.as_ref().and_then(|w| w.raw_fd()) {
+                    Some(fd) => {
                         let start = self.buf.len();
-                        encode_frames(&mut self.buf, state.frames.drain(..n));
+                        encode_frames(&mut self.buf, st.frames.drain(..n));
                         held.push(Held {
                             st,
+                            fd,
                             bytes: start..self.buf.len(),
                         });
-                    } else {
-                        if let Some(wire) = &state.wire {
-                            state.unsent = wire::write_now(&**wire, state.frames.drain(..n));
-                        }
-                        wakers.extend(state.after_direct_write());
                     }
-                }
+                    None => wakers.extend(st.write_now(n)),
+                },
             }
         }
         let outcome = if held.len() > 1 {
@@ -183,19 +182,20 @@ impl Ring {
         };
         let mut lost_track = false;
         for (h, &res) in held.iter_mut().zip(&self.results) {
-            let bytes = &self.buf[h.bytes.clone()];
-            let Some(wire) = h.st.wire.clone() else {
+            let st: &mut State = &mut h.st;
+            if res == UNANSWERED {
+                // Part of a frame may be on the wire: the stream cannot go
+                // on. The client reconnects and catches up.
+                lost_track = true;
+                wakers.extend(Outbound::overflow(st));
+                continue;
+            }
+            let Some(wire) = &st.wire else {
                 continue;
             };
+            let bytes = &self.buf[h.bytes.clone()];
             let written = match res {
                 NOT_SUBMITTED => wire.try_write(bytes).unwrap_or_default(),
-                UNANSWERED => {
-                    // Part of a frame may be on the wire: the stream cannot
-                    // go on. The client reconnects and catches up.
-                    lost_track = true;
-                    wakers.extend(Outbound::overflow(&mut h.st));
-                    continue;
-                }
                 n if n >= 0 => {
                     wire.sent(n as usize);
                     n as usize
@@ -204,12 +204,12 @@ impl Ring {
                 // finds out.
                 _ => 0,
             };
-            h.st.unsent = if written < bytes.len() {
+            st.unsent = if written < bytes.len() {
                 Bytes::copy_from_slice(&bytes[written..])
             } else {
                 Bytes::new()
             };
-            wakers.extend(h.st.after_direct_write());
+            wakers.extend(st.after_direct_write());
         }
         drop(held);
         if lost_track {
@@ -230,11 +230,8 @@ impl Ring {
         {
             let mut sq = self.ring.submission();
             for (i, h) in held.iter().enumerate() {
-                let Some(fd) = h.st.wire.as_ref().and_then(|w| w.raw_fd()) else {
-                    continue;
-                };
                 let bytes = &self.buf[h.bytes.clone()];
-                let send = opcode::Send::new(types::Fd(fd), bytes.as_ptr(), bytes.len() as u32)
+                let send = opcode::Send::new(types::Fd(h.fd), bytes.as_ptr(), bytes.len() as u32)
                     .flags(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
                     .build()
                     .user_data(i as u64);

@@ -111,6 +111,15 @@ impl State {
         self.last_write.map(|t| t + interval)
     }
 
+    /// Write the first `n` frames to the wire now (see
+    /// [`Outbound::start_flush`]): returns whom to wake.
+    fn write_now(&mut self, n: usize) -> Option<Waker> {
+        if let Some(wire) = &self.wire {
+            self.unsent = wire::write_now(&**wire, self.frames.drain(..n));
+        }
+        self.after_direct_write()
+    }
+
     /// After a direct write (`unsent` holds what the socket did not take):
     /// the socket side's waker if it has something left to write.
     fn after_direct_write(&mut self) -> Option<Waker> {
@@ -316,12 +325,7 @@ impl Outbound {
     fn flush_locked(&self, st: &mut State, now: Option<Instant>) -> Option<Waker> {
         match Self::start_flush(st, now) {
             Flush::Done(waker) => waker,
-            Flush::Write(n) => {
-                if let Some(wire) = &st.wire {
-                    st.unsent = wire::write_now(&**wire, st.frames.drain(..n));
-                }
-                st.after_direct_write()
-            }
+            Flush::Write(n) => st.write_now(n),
         }
     }
 
