@@ -74,7 +74,7 @@ impl ChannelAddr {
     /// session's provider's rather than a client's.
     pub fn dispatch(
         &self,
-        conn: Arc<Outbound>,
+        conn: super::DispatchConn,
         origin: ActionOrigin,
         action: StateAction,
         as_agent: bool,

@@ -324,7 +324,7 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             core.forwarded.insert(
                 key,
                 Forwarded {
-                    conn: Some(c.clone()),
+                    conn: Some(c.out.clone()),
                     answered: false,
                 },
             );

@@ -142,7 +142,7 @@ impl ChannelCore {
         reason: &str,
     ) {
         let conn = match conn {
-            Dispatcher::Conn(c) => c,
+            Dispatcher::Conn(c) => &c.out,
             // Counted and logged on the node the client is connected to,
             // once its rejection comes back there.
             Dispatcher::Forwarded(reply) => return reply.answer(Err(reason.to_owned())),

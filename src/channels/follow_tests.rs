@@ -149,7 +149,7 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
     let owner_conn = Arc::new(Outbound::new(1 << 20));
     let write = |text: &str, seq: i64| {
         owned.do_send(ClientDispatch {
-            conn: Dispatcher::Conn(owner_conn.clone()),
+            conn: Dispatcher::Conn(owner_conn.clone().into()),
             origin: origin("ann", seq),
             action: title(text),
             as_agent: false,
@@ -198,7 +198,7 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
     // owner's rejection comes back to it.
     let client = Arc::new(Outbound::new(1 << 20));
     copy.do_send(ClientDispatch {
-        conn: Dispatcher::Conn(client.clone()),
+        conn: Dispatcher::Conn(client.clone().into()),
         origin: origin("bob", 1),
         action: title("from bob"),
         as_agent: false,
@@ -279,7 +279,7 @@ async fn a_forwarded_action_a_follower_reads_again_after_a_gap_is_echoed_to_its_
     // Bob, on the follower: his dispatch goes to the owner.
     let bob = subscribed(&copy).await;
     copy.do_send(ClientDispatch {
-        conn: Dispatcher::Conn(bob.clone()),
+        conn: Dispatcher::Conn(bob.clone().into()),
         origin: origin("bob", 1),
         action: title("from bob"),
         as_agent: false,
@@ -292,7 +292,7 @@ async fn a_forwarded_action_a_follower_reads_again_after_a_gap_is_echoed_to_its_
     let ann = Arc::new(Outbound::new(1 << 20));
     for (who, seq, text) in [("bob", 1, "from bob"), ("ann", 1, "from ann")] {
         owned.do_send(ClientDispatch {
-            conn: Dispatcher::Conn(ann.clone()),
+            conn: Dispatcher::Conn(ann.clone().into()),
             origin: origin(who, seq),
             action: title(text),
             as_agent: false,

@@ -38,7 +38,7 @@ use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 
 use crate::protocol::RpcError;
-use crate::publish::{Outbound, ServerSeq};
+use crate::publish::{Held, Outbound, ServerSeq};
 
 pub use registry::{Channel, ChannelAddr, Registry};
 pub use validate::Rejection;
@@ -48,7 +48,7 @@ pub use validate::Rejection;
 pub enum Dispatcher {
     /// A connection of this node: its echo, or its rejection, is a frame on
     /// it.
-    Conn(Arc<Outbound>),
+    Conn(DispatchConn),
     /// A client of another node of the cluster, which forwarded the
     /// dispatch here: the outcome goes back in the forward's answer (the
     /// client's echo reaches it through that node's copy of the channel).
@@ -78,11 +78,40 @@ impl ForwardedReply {
     }
 }
 
+/// A connection of this node that dispatched an action, with its
+/// `dispatchAction` reply: queued, and held back until the action's echo or
+/// rejection is written on the connection (they leave in one write), or
+/// until the last copy of this is dropped, whatever became of the action.
+#[derive(Clone)]
+pub struct DispatchConn {
+    /// The connection.
+    pub out: Arc<Outbound>,
+    /// Its held reply, if the dispatch asked for one.
+    _reply: Option<Arc<Held>>,
+}
+
+impl DispatchConn {
+    /// `out`, holding `reply` back as long as the dispatch travels.
+    pub fn new(out: Arc<Outbound>, reply: Option<Held>) -> Self {
+        Self {
+            out,
+            _reply: reply.map(Arc::new),
+        }
+    }
+}
+
+impl From<Arc<Outbound>> for DispatchConn {
+    /// A dispatch without a reply to hold.
+    fn from(out: Arc<Outbound>) -> Self {
+        Self::new(out, None)
+    }
+}
+
 impl Dispatcher {
     /// The dispatcher's connection, when it is one of this node's.
     pub fn conn(&self) -> Option<&Arc<Outbound>> {
         match self {
-            Dispatcher::Conn(c) => Some(c),
+            Dispatcher::Conn(c) => Some(&c.out),
             Dispatcher::Forwarded(_) => None,
         }
     }

@@ -23,7 +23,7 @@ use crate::ids::{ChannelUri, ClientId};
 use crate::protocol::methods as m;
 use crate::protocol::{self, errors, Incoming, RpcError};
 use crate::publish::outbound::CloseCause;
-use crate::publish::{Outbound, Push};
+use crate::publish::{Held, Outbound, Push};
 
 /// Connection state (lives as long as the socket).
 pub struct Connection {
@@ -195,20 +195,19 @@ impl Connection {
         }
     }
 
-    /// Answer a `dispatchAction` request `id` (`null`) once the tasks woken
-    /// so far on this thread have run: a chat running here (see
-    /// [`crate::channels::homes`]) publishes the action's echo meanwhile,
-    /// and reply and echo leave in one write. Queued now, so it stays ahead
-    /// of anything pushed after it.
-    pub(super) fn reply_after_dispatch(&self, id: &Option<Value>) {
-        if let Some(id) = id {
-            self.out.push_deferred(
-                Push::Response(ByteString::from(protocol::encode_result(id, &Value::Null))),
-                std::time::Instant::now(),
-            );
-            let out = self.out.clone();
-            actix::spawn(async move { out.flush() });
-        }
+    /// Queue the answer to a `dispatchAction` request `id` (`null`) ahead of
+    /// the action's echo, held back so both leave in one write: the reply
+    /// goes with the echo or the rejection, whichever thread and however
+    /// late that comes, and at the latest when the dispatch is dropped
+    /// (see [`crate::channels::DispatchConn`]). `None` for a notification.
+    pub(super) fn hold_reply(&self, id: &Option<Value>) -> Option<Held> {
+        id.as_ref().map(|id| {
+            self.out
+                .push_held(Push::Response(ByteString::from(protocol::encode_result(
+                    id,
+                    &Value::Null,
+                ))))
+        })
     }
 
     /// Answer request `id` with an error.

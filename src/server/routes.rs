@@ -21,7 +21,7 @@ use serde_json::Value;
 use super::connection::Connection;
 use super::params::ChannelParams;
 use crate::channels::addr::SessionOwner;
-use crate::channels::ChannelAddr;
+use crate::channels::{ChannelAddr, DispatchConn};
 use crate::protocol::methods::{self as m, decode_params};
 use crate::protocol::{errors, Incoming, RpcError};
 use crate::publish::Push;
@@ -144,9 +144,13 @@ impl Connection {
             .provider
             .as_deref()
             .is_some_and(|p| self.providers.contains(p));
-        ch.addr
-            .dispatch(self.out.clone(), origin, p.action, as_agent);
-        self.reply_after_dispatch(&id);
+        let reply = self.hold_reply(&id);
+        ch.addr.dispatch(
+            DispatchConn::new(self.out.clone(), reply),
+            origin,
+            p.action,
+            as_agent,
+        );
         Ok(())
     }
 

@@ -2,6 +2,7 @@
 //! every interaction still open: the agent waiting on one is resumed, once,
 //! with `aborted` — not left hanging. A turn whose agent lost an update to
 //! the store ends with `chat/error` once the store takes writes again.
+//! A dispatcher's held reply leaves with the action's echo or rejection.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,14 +15,16 @@ use crate::channels::registry::ChannelAddr;
 use crate::channels::session::GetSessionState;
 use crate::channels::testing::{self, TestAgents, TestJournal, WAIT};
 use crate::channels::ClientDispatch;
+use crate::channels::{DispatchConn, Dispatcher};
 use crate::interactions::{Interaction, Outcome};
-use crate::publish::Outbound;
+use crate::publish::outbound::tests::FakeWire;
+use crate::publish::{Outbound, Push};
 
 fn dispatch(conn: &Arc<Outbound>, seq: i64, action: serde_json::Value) -> ClientDispatch {
     let action: StateAction = serde_json::from_value(action).expect("an action");
     assert!(!matches!(action, StateAction::Unknown(_)), "{action:?}");
     ClientDispatch {
-        conn: crate::channels::Dispatcher::Conn(conn.clone()),
+        conn: crate::channels::Dispatcher::Conn(conn.clone().into()),
         origin: ActionOrigin {
             client_id: "client".into(),
             client_seq: seq,
@@ -158,4 +161,73 @@ async fn a_turn_refused_while_the_store_was_cut_off_ends_with_an_error_once_it_i
     );
     journal.unwritable.store(false, Ordering::SeqCst);
     turn_ended_by_the_store(&journal).await;
+}
+
+/// `action` from `client` with its `dispatchAction` reply `reply` held back.
+fn dispatch_held(
+    client: &Arc<Outbound>,
+    seq: i64,
+    action: serde_json::Value,
+    reply: &str,
+) -> ClientDispatch {
+    let held = client.push_held(Push::Response(reply.to_owned().into()));
+    ClientDispatch {
+        conn: Dispatcher::Conn(DispatchConn::new(client.clone(), Some(held))),
+        ..dispatch(client, seq, action)
+    }
+}
+
+/// Wait until `wire` holds `n` frames.
+async fn frames(wire: &FakeWire, n: usize) -> Vec<String> {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let texts = wire.texts();
+            if texts.len() >= n {
+                return texts;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the frames are written in time")
+}
+
+#[actix::test]
+async fn a_held_dispatch_reply_leaves_in_one_write_with_the_echo_or_the_rejection() {
+    let (journal, chat, _, _turn) = chat_with_a_turn().await;
+    let client = Arc::new(Outbound::new(1 << 20));
+    let wire = FakeWire::with_room(1 << 20);
+    client.attach(wire.clone(), std::time::Duration::ZERO);
+    let draft = |text: &str| json!({"type": "chat/draftChanged", "draft": {"text": text, "origin": {"kind": "user"}}});
+
+    // Stored and published: the reply, then the echo, in one write.
+    chat.do_send(dispatch_held(&client, 2, draft("x"), "reply 2"));
+    let texts = frames(&wire, 2).await;
+    assert_eq!(texts[0], "reply 2");
+    assert!(
+        texts[1].contains("chat/draftChanged") && texts[1].contains("\"clientSeq\":2"),
+        "{texts:?}"
+    );
+    assert_eq!(wire.writers().len(), 1, "reply and echo in one write");
+
+    // Refused by the chat (a second turn while one runs): with the rejection.
+    let again = json!({"type": "chat/turnStarted", "turnId": "t2", "startedAt": crate::time::now_rfc3339(),
+                       "message": {"text": "again", "origin": {"kind": "user"}}});
+    chat.do_send(dispatch_held(&client, 3, again, "reply 3"));
+    let texts = frames(&wire, 4).await;
+    assert_eq!(texts[2], "reply 3");
+    assert!(texts[3].contains("rejectionReason"), "{texts:?}");
+    assert_eq!(wire.writers().len(), 2);
+
+    // Refused by the store: with the rejection.
+    journal.fail_appends.store(true, Ordering::SeqCst);
+    chat.do_send(dispatch_held(&client, 4, draft("y"), "reply 4"));
+    let texts = frames(&wire, 6).await;
+    assert_eq!(texts[4], "reply 4");
+    assert!(texts[5].contains("rejectionReason"), "{texts:?}");
+
+    // A dispatch nobody handles (its chat gone): the reply leaves when it
+    // is dropped.
+    drop(dispatch_held(&client, 5, draft("z"), "reply 5"));
+    assert_eq!(wire.texts().last().map(String::as_str), Some("reply 5"));
 }

@@ -156,6 +156,16 @@ enum Flush {
     Write(usize),
 }
 
+/// A frame queued by [`Outbound::push_held`]: dropping this writes it, if
+/// nothing wrote it before.
+pub struct Held(Arc<Outbound>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.flush();
+    }
+}
+
 /// One connection's outbound frames, in the order they must be written.
 pub struct Outbound {
     id: ConnId,
@@ -259,6 +269,16 @@ impl Outbound {
     pub fn push_deferred(&self, push: Push<'_>, now: Instant) {
         let mut st = self.state.lock();
         self.enqueue_push(&mut st, push, now);
+    }
+
+    /// Queue a frame that need not leave on its own: it goes out with the
+    /// next frame written on this connection, or, if none is, when the
+    /// returned [`Held`] (and every clone of its `Arc`) is dropped. A
+    /// `dispatchAction` reply travels this way with the action, so it
+    /// leaves in one write with the action's echo or rejection.
+    pub fn push_held(self: &Arc<Self>, push: Push<'_>) -> Held {
+        self.push_deferred(push, Instant::now());
+        Held(self.clone())
     }
 
     /// Send what is queued: write it now when the wire is free and the
