@@ -38,7 +38,7 @@ use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 
 use crate::protocol::RpcError;
-use crate::publish::{Held, Outbound, ServerSeq};
+use crate::publish::{FlushOnDrop, Outbound, ServerSeq};
 
 pub use registry::{Channel, ChannelAddr, Registry};
 pub use validate::Rejection;
@@ -87,12 +87,12 @@ pub struct DispatchConn {
     /// The connection.
     pub out: Arc<Outbound>,
     /// Its held reply, if the dispatch asked for one.
-    _reply: Option<Arc<Held>>,
+    _reply: Option<Arc<FlushOnDrop>>,
 }
 
 impl DispatchConn {
     /// `out`, holding `reply` back as long as the dispatch travels.
-    pub fn new(out: Arc<Outbound>, reply: Option<Held>) -> Self {
+    pub fn new(out: Arc<Outbound>, reply: Option<FlushOnDrop>) -> Self {
         Self {
             out,
             _reply: reply.map(Arc::new),

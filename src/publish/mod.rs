@@ -36,7 +36,7 @@ use fanout::Fanout;
 pub use fanout::MIN_SHARE as FANOUT_MIN_SHARE;
 use numbering::Numbering;
 pub use numbering::{Reserver, SeqRefused};
-pub use outbound::{Held, Outbound, Push};
+pub use outbound::{FlushOnDrop, Outbound, Push};
 
 /// The subscribers of one channel. Shared between the channel's actor (which
 /// publishes) and reconnect handling (which re-registers under the publisher

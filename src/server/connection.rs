@@ -23,7 +23,7 @@ use crate::ids::{ChannelUri, ClientId};
 use crate::protocol::methods as m;
 use crate::protocol::{self, errors, Incoming, RpcError};
 use crate::publish::outbound::CloseCause;
-use crate::publish::{Held, Outbound, Push};
+use crate::publish::{FlushOnDrop, Outbound, Push};
 
 /// Connection state (lives as long as the socket).
 pub struct Connection {
@@ -200,10 +200,10 @@ impl Connection {
     /// goes with the echo or the rejection, whichever thread and however
     /// late that comes, and at the latest when the dispatch is dropped
     /// (see [`crate::channels::DispatchConn`]). `None` for a notification.
-    pub(super) fn hold_reply(&self, id: &Option<Value>) -> Option<Held> {
+    pub(super) fn hold_reply(&self, id: &Option<Value>) -> Option<FlushOnDrop> {
         id.as_ref().map(|id| {
             self.out
-                .push_held(Push::Response(ByteString::from(protocol::encode_result(
+                .push_unflushed(Push::Response(ByteString::from(protocol::encode_result(
                     id,
                     &Value::Null,
                 ))))

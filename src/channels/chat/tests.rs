@@ -170,7 +170,7 @@ fn dispatch_held(
     action: serde_json::Value,
     reply: &str,
 ) -> ClientDispatch {
-    let held = client.push_held(Push::Response(reply.to_owned().into()));
+    let held = client.push_unflushed(Push::Response(reply.to_owned().into()));
     ClientDispatch {
         conn: Dispatcher::Conn(DispatchConn::new(client.clone(), Some(held))),
         ..dispatch(client, seq, action)

@@ -156,11 +156,11 @@ enum Flush {
     Write(usize),
 }
 
-/// A frame queued by [`Outbound::push_held`]: dropping this writes it, if
-/// nothing wrote it before.
-pub struct Held(Arc<Outbound>);
+/// A frame queued by [`Outbound::push_unflushed`]: dropping this writes it,
+/// if nothing wrote it before. (Not the gated frames of `held`.)
+pub struct FlushOnDrop(Arc<Outbound>);
 
-impl Drop for Held {
+impl Drop for FlushOnDrop {
     fn drop(&mut self) {
         self.0.flush();
     }
@@ -273,12 +273,12 @@ impl Outbound {
 
     /// Queue a frame that need not leave on its own: it goes out with the
     /// next frame written on this connection, or, if none is, when the
-    /// returned [`Held`] (and every clone of its `Arc`) is dropped. A
+    /// returned [`FlushOnDrop`] (and every clone of its `Arc`) is dropped. A
     /// `dispatchAction` reply travels this way with the action, so it
     /// leaves in one write with the action's echo or rejection.
-    pub fn push_held(self: &Arc<Self>, push: Push<'_>) -> Held {
+    pub fn push_unflushed(self: &Arc<Self>, push: Push<'_>) -> FlushOnDrop {
         self.push_deferred(push, Instant::now());
-        Held(self.clone())
+        FlushOnDrop(self.clone())
     }
 
     /// Send what is queued: write it now when the wire is free and the

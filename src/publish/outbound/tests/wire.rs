@@ -233,11 +233,11 @@ fn a_direct_write_keeps_the_queue_buffer_unless_a_backlog_made_it_large() {
 }
 
 #[test]
-fn a_held_reply_leaves_with_the_next_write_or_when_let_go() {
+fn an_unflushed_reply_leaves_with_the_next_write_or_when_let_go() {
     let o = Arc::new(Outbound::new(1000));
     let wire = FakeWire::with_room(1 << 20);
     o.attach(wire.clone(), Duration::ZERO);
-    let held = o.push_held(Push::Response("reply".into()));
+    let held = o.push_unflushed(Push::Response("reply".into()));
     assert!(wire.texts().is_empty(), "held back for the echo");
     o.push_deferred(Push::Echo(ServerSeq::new(1), "echo".into()), Instant::now());
     o.flush();
@@ -247,7 +247,7 @@ fn a_held_reply_leaves_with_the_next_write_or_when_let_go() {
     assert_eq!(wire.texts(), ["reply", "echo"], "nothing written twice");
     // A reply whose action is never heard of again leaves when the last
     // holder lets it go.
-    let held = Arc::new(o.push_held(Push::Response("lone".into())));
+    let held = Arc::new(o.push_unflushed(Push::Response("lone".into())));
     let other = held.clone();
     drop(held);
     assert_eq!(wire.texts(), ["reply", "echo"]);
