@@ -121,6 +121,10 @@ pub struct FanoutArgs {
     /// shared machine falls on every server alike.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
+    /// In each round, run the peers before Tandem (to see what running
+    /// first in a fresh driver costs a server).
+    #[arg(long)]
+    pub peers_first: bool,
     /// Handshakes in flight while connecting subscribers.
     #[arg(long, default_value_t = 128)]
     pub connect_concurrency: usize,
@@ -577,6 +581,7 @@ pub async fn run(args: &FanoutArgs, opts: &ServerOpts) -> anyhow::Result<Scenari
     });
     let peers = args.peers.iter().map(|p| Kind::Peer(*p));
     let order: Vec<Kind> = match against {
+        Against::Both if args.peers_first => peers.chain(std::iter::once(Kind::Tandem)).collect(),
         Against::Both => std::iter::once(Kind::Tandem).chain(peers).collect(),
         Against::Tandem => vec![Kind::Tandem],
         Against::Baseline => peers.collect(),
