@@ -421,10 +421,15 @@ impl Publisher {
         st.numbers.prune(evicted);
         drop(st);
         self.deliveries.increment(delivered);
-        self.fanout.flush(&subs);
-        if let Some(o) = origin {
+        // The author's echo leaves first, subscriber or not: it is one
+        // write, and it is what the author's client waits on to settle its
+        // pending action (after a big room's writes it would wait for all
+        // of them). A subscribed author's queue is then empty when the
+        // room is written.
+        if let Some(o) = origin_conn {
             o.flush();
         }
+        self.fanout.flush(&subs);
         seq
     }
 

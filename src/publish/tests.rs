@@ -569,3 +569,53 @@ fn rooms_are_cut_into_shares_of_at_least_the_minimum_one_per_thread_at_most() {
         "one per helper and one for the caller"
     );
 }
+
+/// A socket that logs, in one list shared by a room, which connection
+/// wrote when.
+struct LoggedWire {
+    id: usize,
+    log: Arc<Mutex<Vec<usize>>>,
+}
+
+impl outbound::Wire for LoggedWire {
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+        self.log.lock().push(self.id);
+        Ok(buf.len())
+    }
+}
+
+#[test]
+fn the_authors_echo_is_written_before_the_room() {
+    let p = Publisher::new(ServerSeq::ZERO, 16);
+    let hub = Hub::default();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let wired = |id: usize| {
+        let o = conn(1 << 20);
+        let wire = Arc::new(LoggedWire {
+            id,
+            log: log.clone(),
+        });
+        o.attach(wire, std::time::Duration::ZERO);
+        o
+    };
+    let room: Vec<_> = (1..=4).map(wired).collect();
+    for o in &room {
+        hub.add(o);
+    }
+    let outsider = wired(0);
+    let ch = ChannelUri::from("ahp-chat:/x");
+    let origin = ActionOrigin {
+        client_id: "c".into(),
+        client_seq: 1,
+    };
+    p.publish(&ch, &hub, "{}", Some(&origin), Some(&outsider));
+    assert_eq!(
+        *log.lock(),
+        vec![0, 1, 2, 3, 4],
+        "an author outside the room: its echo, then the room in order"
+    );
+    log.lock().clear();
+    // The last subscriber writes: its echo still leaves first, once.
+    p.publish(&ch, &hub, "{}", Some(&origin), Some(&room[3]));
+    assert_eq!(*log.lock(), vec![4, 1, 2, 3]);
+}
