@@ -133,9 +133,10 @@ pub struct Limits {
     /// Bytes of one `dispatchAction` message (rejection echo): bounds every
     /// string inside an action — drafts, prompts, edited tool input.
     pub max_action_bytes: usize,
-    /// Sustained bytes per second of actions one connection may have the
-    /// journal write (token bucket; beyond it: a rejection echo), so one
-    /// tenant cannot stall everyone's group commits.
+    /// Sustained bytes per second of actions one principal (a token
+    /// subject; without authentication, a connection) may have the journal
+    /// write (token bucket; beyond it: a rejection echo), so one tenant
+    /// cannot stall everyone's group commits.
     pub dispatch_bytes_per_sec: f64,
     /// Burst size of that bucket, in bytes.
     pub dispatch_bytes_burst: f64,

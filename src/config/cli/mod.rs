@@ -226,7 +226,7 @@ pub struct ServeArgs {
     /// Bytes of one `dispatchAction` message.
     #[arg(long, default_value_t = crate::Limits::default().max_action_bytes)]
     pub max_action_bytes: usize,
-    /// Sustained bytes per second of actions per connection (burst: four
+    /// Sustained bytes per second of actions per principal (burst: four
     /// times that).
     #[arg(long, default_value_t = crate::Limits::default().dispatch_bytes_per_sec)]
     pub dispatch_bytes_per_sec: f64,
