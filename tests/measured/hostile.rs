@@ -41,7 +41,7 @@ const HONEST: usize = 4;
 /// Rounds (quiet phase, attacked phase) tried before fairness fails. Five:
 /// on a busy shared box the quiet p99 alone swings 3.7–11 ms within
 /// minutes, and three rounds missed there with every build tried,
-/// including ones that had passed on a quieter day (README, *Security*).
+/// including ones that had passed on a quieter day (README, *Tests*).
 const ROUNDS: usize = 5;
 /// The server's token secret in this test.
 const SECRET: &[u8] = b"hostile-test-secret-0123456789-abcdefgh";

@@ -1,0 +1,196 @@
+//! Writing a room: the publisher's and the helpers' shares, each
+//! connection's order, and the author's echo first.
+use super::*;
+
+/// A connection and the socket it writes to.
+type Wired = (Arc<Outbound>, Arc<outbound::tests::FakeWire>);
+
+/// A room of `n` connections, each writing to a socket that takes everything.
+fn wired_room(n: usize) -> (Hub, Vec<Wired>) {
+    let hub = Hub::default();
+    let conns = (0..n)
+        .map(|_| {
+            let wire = outbound::tests::FakeWire::with_room(usize::MAX);
+            let o = conn(1 << 20);
+            o.attach(wire.clone(), std::time::Duration::ZERO);
+            hub.add(&o);
+            (o, wire)
+        })
+        .collect();
+    (hub, conns)
+}
+
+fn written_seqs(wire: &outbound::tests::FakeWire) -> Vec<u64> {
+    wire.texts()
+        .iter()
+        .map(|t| {
+            let v: serde_json::Value = serde_json::from_str(t).unwrap();
+            v["params"]["serverSeq"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_big_room_is_written_by_the_publisher_and_a_fanout_thread_each_connection_in_order() {
+    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout(1, true);
+    assert_eq!(p.fanout_threads(), 1);
+    let n = 2 * FANOUT_MIN_SHARE + 10;
+    let (hub, conns) = wired_room(n);
+    let ch = ChannelUri::from("ahp-chat:/x");
+    for i in 0..20 {
+        p.publish(&ch, &hub, &i.to_string(), None, None);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while conns.iter().any(|(_, w)| written_seqs(w).len() < 20) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "every connection gets all 20 envelopes"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let own = fanout::shares(n, 1)[0].clone();
+    assert_eq!(own, 0..n / 2, "two shares, the publisher's first");
+    let me = std::thread::current().id();
+    for (i, (_, wire)) in conns.iter().enumerate() {
+        assert_eq!(
+            written_seqs(wire),
+            (1..=20).collect::<Vec<_>>(),
+            "connection {i}: every envelope once, in serverSeq order"
+        );
+        let writers = wire.writers();
+        if own.contains(&i) {
+            assert!(
+                writers.iter().all(|t| *t == me),
+                "connection {i}: written by the publisher"
+            );
+        } else {
+            assert!(
+                writers.iter().all(|t| *t != me),
+                "connection {i}: written by the fan-out thread"
+            );
+        }
+    }
+}
+
+#[test]
+fn rooms_that_need_fewer_helpers_than_there_are_take_turns_among_them() {
+    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout(3, true);
+    // Two shares: the publisher's and one helper's.
+    let n = 2 * FANOUT_MIN_SHARE;
+    let (hub, conns) = wired_room(n);
+    let ch = ChannelUri::from("ahp-chat:/x");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    for i in 1..=6 {
+        p.publish(&ch, &hub, &i.to_string(), None, None);
+        while conns.iter().any(|(_, w)| written_seqs(w).len() < i) {
+            assert!(std::time::Instant::now() < deadline, "envelope {i} written");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    let me = std::thread::current().id();
+    let helper_share = fanout::shares(n, 3)[1].clone();
+    for i in helper_share {
+        let writers = conns[i].1.writers();
+        assert_eq!(writers.len(), 6, "connection {i}: one write per envelope");
+        assert!(
+            writers.iter().all(|t| *t != me),
+            "connection {i}: by helpers"
+        );
+        let distinct: std::collections::HashSet<_> = writers.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            3,
+            "connection {i}: every helper took a turn"
+        );
+        assert_eq!(
+            writers[..3],
+            writers[3..],
+            "connection {i}: the helpers in turn, round and round"
+        );
+    }
+}
+
+#[test]
+fn a_room_under_two_shares_is_written_at_once_by_the_publisher() {
+    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout(3, true);
+    let (hub, conns) = wired_room(2 * FANOUT_MIN_SHARE - 1);
+    let ch = ChannelUri::from("ahp-chat:/x");
+    p.publish(&ch, &hub, "{}", None, None);
+    let me = std::thread::current().id();
+    for (_, wire) in &conns {
+        // No waiting: written before `publish` returned, on this thread.
+        assert_eq!(written_seqs(wire), vec![1]);
+        assert_eq!(wire.writers(), vec![me]);
+    }
+}
+
+#[test]
+fn rooms_are_cut_into_shares_of_at_least_the_minimum_one_per_thread_at_most() {
+    use fanout::shares;
+    let m = FANOUT_MIN_SHARE;
+    assert!(shares(0, 3).is_empty());
+    assert_eq!(shares(2 * m - 1, 1), vec![0..2 * m - 1]);
+    assert_eq!(shares(2 * m, 1), vec![0..m, m..2 * m]);
+    assert_eq!(shares(10 * m, 0), vec![0..10 * m], "no helpers: one share");
+    // Three shares fit in 3.5 minimums, so a fourth thread is left out.
+    let s = shares(7 * m / 2, 3);
+    assert_eq!(s.len(), 3);
+    assert_eq!(s.iter().map(|r| r.len()).sum::<usize>(), 7 * m / 2);
+    assert!(s.iter().all(|r| r.len() >= m));
+    assert!(s.windows(2).all(|w| w[0].end == w[1].start), "contiguous");
+    assert_eq!(
+        shares(100 * m, 3).len(),
+        4,
+        "one per helper and one for the caller"
+    );
+}
+
+/// A socket that logs, in one list shared by a room, which connection
+/// wrote when.
+struct LoggedWire {
+    id: usize,
+    log: Arc<Mutex<Vec<usize>>>,
+}
+
+impl outbound::Wire for LoggedWire {
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+        self.log.lock().push(self.id);
+        Ok(buf.len())
+    }
+}
+
+#[test]
+fn the_authors_echo_is_written_before_the_room() {
+    let p = Publisher::new(ServerSeq::ZERO, 16);
+    let hub = Hub::default();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let wired = |id: usize| {
+        let o = conn(1 << 20);
+        let wire = Arc::new(LoggedWire {
+            id,
+            log: log.clone(),
+        });
+        o.attach(wire, std::time::Duration::ZERO);
+        o
+    };
+    let room: Vec<_> = (1..=4).map(wired).collect();
+    for o in &room {
+        hub.add(o);
+    }
+    let outsider = wired(0);
+    let ch = ChannelUri::from("ahp-chat:/x");
+    let origin = ActionOrigin {
+        client_id: "c".into(),
+        client_seq: 1,
+    };
+    p.publish(&ch, &hub, "{}", Some(&origin), Some(&outsider));
+    assert_eq!(
+        *log.lock(),
+        vec![0, 1, 2, 3, 4],
+        "an author outside the room: its echo, then the room in order"
+    );
+    log.lock().clear();
+    // The last subscriber writes: its echo still leaves first, once.
+    p.publish(&ch, &hub, "{}", Some(&origin), Some(&room[3]));
+    assert_eq!(*log.lock(), vec![4, 1, 2, 3]);
+}
