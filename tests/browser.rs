@@ -199,7 +199,7 @@ async fn the_web_client_works_in_headless_chromium() {
     run_page_tests(
         "browser.test.mjs",
         &[("TANDEM_URL", url)],
-        5,
+        6,
         Duration::from_secs(180),
     )
     .await;

@@ -360,7 +360,9 @@ class ChatView {
     setChildren(crumbsEl, h('a', { class: 'crumb-back', href: '#/', 'aria-label': 'All sessions' }, '‹'), this.titleEl, this.badgeEl);
 
     this.transcriptEl = h('div', { class: 'transcript', 'aria-live': 'polite' });
-    this.emptyEl = h('div', { class: 'chat-empty' },
+    // Hidden until the chat's state has arrived: an empty chat says so then,
+    // not while a chat with turns is still loading.
+    this.emptyEl = h('div', { class: 'chat-empty', hidden: true },
       h('div', { class: 'empty-title' }, 'Say something to the agent'),
       h('div', { class: 'muted' }, 'The scripted agent understands a few commands:'),
       h('div', { class: 'suggestions' }, SUGGESTIONS.map(([text, label]) => h('button', {
@@ -369,8 +371,10 @@ class ChatView {
       }, h('code', null, text.split(' ')[0]), h('span', null, label)))));
     this.scrollEl = h('div', { class: 'scroller' }, h('div', { class: 'thread' }, this.emptyEl, this.transcriptEl));
 
+    // Closed until the chat's state and its shared draft are here: text
+    // typed before would have no chat to go to, or be replaced by the draft.
     this.input = h('textarea', {
-      class: 'composer-input', rows: 1, 'aria-label': 'Message',
+      class: 'composer-input', rows: 1, 'aria-label': 'Message', disabled: true,
       placeholder: matchMedia('(max-width: 640px)').matches ? 'Message the agent' : 'Message the agent — try /demo',
     });
     this.input.addEventListener('input', () => this.autosize());
@@ -380,7 +384,7 @@ class ChatView {
         this.send();
       }
     });
-    this.sendBtn = h('button', { class: 'btn btn-primary btn-send', type: 'submit', 'data-action': 'send' }, 'Send');
+    this.sendBtn = h('button', { class: 'btn btn-primary btn-send', type: 'submit', 'data-action': 'send', disabled: true }, 'Send');
     this.stopBtn = h('button', { class: 'btn btn-danger-outline', type: 'button', 'data-action': 'stop', hidden: true, onclick: () => this.stop() }, 'Stop');
     this.composerNote = h('div', { class: 'composer-note muted' });
     // The chat's draft is shared: everyone on the chat types in one composer text.
@@ -415,6 +419,7 @@ class ChatView {
         client, chat: this.chat, target: { draft: true }, input: this.input, marks: this.draftPeers,
         onText: () => this.autosize(),
       });
+      this.input.disabled = false;
       this.render();
       this.scrollToBottom(true);
       this.announced.clear();

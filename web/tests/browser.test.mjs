@@ -542,3 +542,40 @@ test('the client-side rules agree with the server on every question kind', async
   await p.waitForSelector('.toast-err');
   await p.context().close();
 });
+
+test('a message typed while the chat is still loading is sent once it has loaded, not lost', async () => {
+  const p = await device(DESKTOP);
+  // Hold everything the server says for a second once the page subscribes
+  // to the new session, in order: the chat view is up before the session
+  // and its chat are.
+  let holdUntil = 0;
+  let chain = Promise.resolve();
+  await p.routeWebSocket(/\/ahp/, (ws) => {
+    const server = ws.connectToServer();
+    ws.onMessage((m) => {
+      if (typeof m === 'string' && m.includes('"subscribe"') && m.includes('ahp-session:')) holdUntil = Date.now() + 1000;
+      server.send(m);
+    });
+    server.onMessage((m) => {
+      chain = chain.then(async () => {
+        const wait = holdUntil - Date.now();
+        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        ws.send(m);
+      });
+    });
+  });
+  await p.goto(BASE);
+  await waitLive(p);
+  await p.click('[data-action="new-session"]');
+  await p.waitForSelector('.composer-input');
+  // Typing waits for the composer to open, as a person would; the text is
+  // neither dropped nor replaced by the chat's (empty) shared draft.
+  await p.fill('.composer-input', 'typed while loading');
+  assert.ok(holdUntil > 0 && Date.now() >= holdUntil - 50, 'the composer opened only with the chat');
+  await p.press('.composer-input', 'Enter');
+  await p.waitForFunction(() => [...document.querySelectorAll('.msg-user')].some((m) => m.textContent.includes('typed while loading')));
+  await p.waitForFunction(() => [...document.querySelectorAll('.markdown')].some((m) => m.textContent.length > 0));
+  assert.equal(await p.inputValue('.composer-input'), '');
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});

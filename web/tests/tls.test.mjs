@@ -35,6 +35,10 @@ test('the page loads over https and talks AHP over wss', async () => {
   await page.waitForSelector('.conn[data-conn="live"]', { timeout: 15000 });
   await page.click('[data-action="new-session"]');
   await page.waitForSelector('.composer-input');
+  // The chat's state has arrived (the empty state shows only then): Enter
+  // before that has no chat to send to.
+  await page.waitForSelector('.chat-empty:not([hidden])', { timeout: 15000 });
+  await page.waitForSelector('.btn-send:not([disabled])', { timeout: 15000 });
   await page.fill('.composer-input', 'hello over TLS');
   await page.press('.composer-input', 'Enter');
   // The scripted agent answers; the turn ends.
