@@ -18,6 +18,13 @@
 //! Each thread writes its share with one system call per batch of
 //! connections where it can ([`Outbound::flush_all`]; `--no-io-uring` turns it
 //! off).
+//!
+//! A helper's queue is bounded by what it has not yet written: with
+//! [`MAX_BACKLOG`] shares waiting on it (it is starved of a core, or more
+//! serving threads publish than the helpers keep up with), the publishing
+//! thread writes the next share itself. The room's subscribers then wait
+//! for at most that backlog, publishing slows to the pace the writes
+//! allow, and no queue of hand-offs grows without end.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,15 +38,26 @@ use super::Outbound;
 /// thread) is only paid where it saves hundreds of writes.
 pub const MIN_SHARE: usize = 256;
 
+/// Most shares waiting on one helper before the publishing thread writes
+/// the next one itself (a share is at least [`MIN_SHARE`] writes, so this
+/// is a few milliseconds of one core's work).
+pub const MAX_BACKLOG: usize = 8;
+
 /// One helper's share of a room.
 struct Job {
     subs: Arc<Vec<Arc<Outbound>>>,
     range: Range<usize>,
 }
 
+/// A helper thread's queue, and how many shares on it are not yet written.
+struct Helper {
+    tx: mpsc::Sender<Job>,
+    backlog: Arc<AtomicUsize>,
+}
+
 /// The helper threads (none on one core, or with `--fanout-threads 0`).
 pub struct Fanout {
-    helpers: Vec<mpsc::Sender<Job>>,
+    helpers: Vec<Helper>,
     /// Where the next room's first helper share goes: rooms too small to
     /// need every helper take turns, rather than all queue on the first.
     next: AtomicUsize,
@@ -61,15 +79,18 @@ impl Fanout {
         let mut helpers = Vec::with_capacity(threads);
         for i in 0..threads {
             let (tx, rx) = mpsc::channel::<Job>();
+            let backlog = Arc::new(AtomicUsize::new(0));
+            let left = backlog.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("tandem-fanout-{i}"))
                 .spawn(move || {
                     for job in rx {
                         Outbound::flush_all(&job.subs[job.range], batched);
+                        left.fetch_sub(1, Ordering::Release);
                     }
                 });
             match spawned {
-                Ok(_) => helpers.push(tx),
+                Ok(_) => helpers.push(Helper { tx, backlog }),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not start a fan-out thread; big rooms are written by fewer threads");
                     break;
@@ -90,7 +111,9 @@ impl Fanout {
 
     /// Write what is queued on every connection of `subs`: the first share
     /// on this thread, the others on helpers, each room starting from the
-    /// helper after the one the previous room started from.
+    /// helper after the one the previous room started from. A share whose
+    /// helper has [`MAX_BACKLOG`] shares waiting is written here too, after
+    /// this thread's own.
     pub fn flush(&self, subs: &Arc<Vec<Arc<Outbound>>>) {
         let shares = shares(subs.len(), self.helpers.len());
         let mut shares = shares.into_iter();
@@ -103,18 +126,44 @@ impl Fanout {
             self.next.fetch_add(1, Ordering::Relaxed) % self.helpers.len()
         };
         let helpers = self.helpers.iter().cycle().skip(first);
+        let mut here = Vec::new();
         for (helper, range) in helpers.zip(shares) {
+            if helper.backlog.load(Ordering::Acquire) >= MAX_BACKLOG {
+                here.push(range);
+                continue;
+            }
+            helper.backlog.fetch_add(1, Ordering::AcqRel);
             let job = Job {
                 subs: subs.clone(),
                 range,
             };
-            if let Err(mpsc::SendError(job)) = helper.send(job) {
+            if let Err(mpsc::SendError(job)) = helper.tx.send(job) {
                 // The helper is gone (it cannot panic on its own, but if it
                 // did): its share is written here.
-                Outbound::flush_all(&job.subs[job.range], self.batched);
+                helper.backlog.fetch_sub(1, Ordering::AcqRel);
+                here.push(job.range);
             }
         }
         Outbound::flush_all(&subs[own], self.batched);
+        for range in here {
+            Outbound::flush_all(&subs[range], self.batched);
+        }
+    }
+
+    /// Shares waiting on each helper.
+    #[cfg(test)]
+    pub(crate) fn backlog(&self) -> Vec<usize> {
+        self.helpers
+            .iter()
+            .map(|h| h.backlog.load(Ordering::Acquire))
+            .collect()
+    }
+
+    /// Pretend helper `i` has `n` shares waiting (it has none when this is
+    /// called; its real shares still count down from `n` as it writes).
+    #[cfg(test)]
+    pub(crate) fn set_backlog(&self, i: usize, n: usize) {
+        self.helpers[i].backlog.store(n, Ordering::Release);
     }
 }
 
