@@ -128,6 +128,9 @@ impl Fanout {
         let helpers = self.helpers.iter().cycle().skip(first);
         let mut here = Vec::new();
         for (helper, range) in helpers.zip(shares) {
+            // Checked, then counted: two serving threads publishing at once
+            // may both pass at MAX_BACKLOG - 1, so the bound can be passed by
+            // one share per serving thread, never more.
             if helper.backlog.load(Ordering::Acquire) >= MAX_BACKLOG {
                 here.push(range);
                 continue;
