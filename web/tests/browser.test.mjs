@@ -543,7 +543,7 @@ test('the client-side rules agree with the server on every question kind', async
   await p.context().close();
 });
 
-test('a message typed while the chat is still loading is sent once it has loaded, not lost', async () => {
+test('a new session\'s composer opens only once its chat has loaded, and the message typed then is sent', async () => {
   const p = await device(DESKTOP);
   // Hold everything the server says for a second once the page subscribes
   // to the new session, in order: the chat view is up before the session
