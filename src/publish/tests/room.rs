@@ -30,6 +30,21 @@ fn written_seqs(wire: &outbound::tests::FakeWire) -> Vec<u64> {
         .collect()
 }
 
+/// Poll `done` every millisecond until it holds; fail with `what` after
+/// ten seconds (the helpers write on their own threads).
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Whether every connection of the room has had `n` envelopes written.
+fn all_written(conns: &[Wired], n: usize) -> bool {
+    conns.iter().all(|(_, w)| written_seqs(w).len() >= n)
+}
+
 #[test]
 fn a_big_room_is_written_by_the_publisher_and_a_fanout_thread_each_connection_in_order() {
     let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout(1, true);
@@ -40,14 +55,9 @@ fn a_big_room_is_written_by_the_publisher_and_a_fanout_thread_each_connection_in
     for i in 0..20 {
         p.publish(&ch, &hub, &i.to_string(), None, None);
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while conns.iter().any(|(_, w)| written_seqs(w).len() < 20) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "every connection gets all 20 envelopes"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    wait_until("every connection gets all 20 envelopes", || {
+        all_written(&conns, 20)
+    });
     let own = fanout::shares(n, 1)[0].clone();
     assert_eq!(own, 0..n / 2, "two shares, the publisher's first");
     let me = std::thread::current().id();
@@ -79,13 +89,9 @@ fn rooms_that_need_fewer_helpers_than_there_are_take_turns_among_them() {
     let n = 2 * FANOUT_MIN_SHARE;
     let (hub, conns) = wired_room(n);
     let ch = ChannelUri::from("ahp-chat:/x");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     for i in 1..=6 {
         p.publish(&ch, &hub, &i.to_string(), None, None);
-        while conns.iter().any(|(_, w)| written_seqs(w).len() < i) {
-            assert!(std::time::Instant::now() < deadline, "envelope {i} written");
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        wait_until(&format!("envelope {i} written"), || all_written(&conns, i));
     }
     let me = std::thread::current().id();
     let helper_share = fanout::shares(n, 3)[1].clone();
@@ -203,18 +209,17 @@ fn a_helper_with_a_full_backlog_leaves_its_share_to_the_publisher() {
     let ch = ChannelUri::from("ahp-chat:/x");
     let me = std::thread::current().id();
     let helper_share = fanout::shares(n, 1)[1].clone();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let settle = |i: usize| {
-        while conns.iter().any(|(_, w)| written_seqs(w).len() < i) || p.fanout.backlog() != [0] {
-            assert!(std::time::Instant::now() < deadline, "envelope {i} written");
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+    // Envelope `i` written everywhere and the helper's backlog at `left`.
+    let settle = |i: usize, left: usize| {
+        wait_until(&format!("envelope {i} written"), || {
+            all_written(&conns, i) && p.fanout.backlog() == [left]
+        })
     };
     let last_writer = |i: usize| *conns[i].1.writers().last().expect("written");
 
     // An idle helper takes its share, and its backlog is back to none.
     p.publish(&ch, &hub, "1", None, None);
-    settle(1);
+    settle(1, 0);
     assert!(helper_share.clone().all(|i| last_writer(i) != me));
 
     // A helper with MAX_BACKLOG shares waiting gets no more: its share is
@@ -234,14 +239,9 @@ fn a_helper_with_a_full_backlog_leaves_its_share_to_the_publisher() {
     // One below the bound, the helper takes its share again.
     p.fanout.set_backlog(0, fanout::MAX_BACKLOG - 1);
     p.publish(&ch, &hub, "3", None, None);
-    while conns.iter().any(|(_, w)| written_seqs(w).len() < 3)
-        || p.fanout.backlog() != [fanout::MAX_BACKLOG - 1]
-    {
-        assert!(std::time::Instant::now() < deadline, "envelope 3 written");
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    settle(3, fanout::MAX_BACKLOG - 1);
     assert!(helper_share.clone().all(|i| last_writer(i) != me));
     p.fanout.set_backlog(0, 0);
     p.publish(&ch, &hub, "4", None, None);
-    settle(4);
+    settle(4, 0);
 }
