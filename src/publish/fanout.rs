@@ -153,6 +153,24 @@ impl Fanout {
         }
     }
 
+    /// Write the author's queue (its echo), then every connection of
+    /// `subs`. A small room (fewer than [`MIN_SHARE`], so never split)
+    /// goes out in the same batches as the echo, the echo first: one system
+    /// call wakes the author's client and the room's rather than one each,
+    /// which in a room of ten is a large share of an action's cost. A
+    /// bigger room is written after the author's own write, as its shares.
+    pub fn flush_after(&self, author: &Arc<Outbound>, subs: &Arc<Vec<Arc<Outbound>>>) {
+        if subs.len() >= MIN_SHARE {
+            author.flush();
+            self.flush(subs);
+            return;
+        }
+        let mut room = Vec::with_capacity(subs.len() + 1);
+        room.push(author.clone());
+        room.extend(subs.iter().filter(|s| s.id() != author.id()).cloned());
+        Outbound::flush_all(&room, self.batched);
+    }
+
     /// Shares waiting on each helper.
     #[cfg(test)]
     pub(crate) fn backlog(&self) -> Vec<usize> {
