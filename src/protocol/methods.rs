@@ -3,7 +3,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::RpcError;
+use super::{Params, RpcError};
 
 pub const INITIALIZE: &str = "initialize";
 pub const RECONNECT: &str = "reconnect";
@@ -35,7 +35,16 @@ pub const LIST_PRESENCE: &str = "tandem/listPresence";
 
 /// Decode a method's params into its `ahp-types` struct; a mismatch is
 /// `-32602 Invalid params` naming the method and serde's reason.
-pub fn decode_params<T: DeserializeOwned>(method: &str, params: Value) -> Result<T, RpcError> {
-    serde_json::from_value(params)
+pub fn decode_params<T: DeserializeOwned>(method: &str, params: Params) -> Result<T, RpcError> {
+    let value = match params {
+        Params::Value(v) => v,
+        Params::Raw(raw) => match serde_json::from_str(raw.get()) {
+            Ok(p) => return Ok(p),
+            // Read again as a value: the error then reads as it always has
+            // (no position in the frame), and a repeated key counts once.
+            Err(_) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
+        },
+    };
+    serde_json::from_value(value)
         .map_err(|e| RpcError::invalid_params(format!("invalid params for `{method}`: {e}")))
 }

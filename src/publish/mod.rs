@@ -365,10 +365,21 @@ impl Publisher {
             channel_json,
             origin_json,
         } = text;
-        let envelope: Arc<str> = format!(
-            "{{\"channel\":{channel_json},\"action\":{action_json},\"serverSeq\":{seq}{origin_json}}}"
-        )
-        .into();
+        let envelope: Arc<str> = {
+            use std::fmt::Write;
+            // Sized once: this runs under the lock for every action.
+            let mut e = String::with_capacity(
+                channel_json.len() + action_json.len() + origin_json.len() + 64,
+            );
+            e.push_str("{\"channel\":");
+            e.push_str(channel_json);
+            e.push_str(",\"action\":");
+            e.push_str(action_json);
+            let _ = write!(e, ",\"serverSeq\":{seq}");
+            e.push_str(origin_json);
+            e.push('}');
+            e.into()
+        };
         let frame = action_frame(&envelope);
         // Queued under the lock (that is what keeps `serverSeq` order on
         // every connection); written once it is released.
@@ -487,9 +498,12 @@ impl Publisher {
 
 /// The `action` notification frame for a serialized envelope.
 pub fn action_frame(envelope: &str) -> ByteString {
-    ByteString::from(format!(
-        "{{\"jsonrpc\":\"2.0\",\"method\":\"action\",\"params\":{envelope}}}"
-    ))
+    const HEAD: &str = "{\"jsonrpc\":\"2.0\",\"method\":\"action\",\"params\":";
+    let mut frame = String::with_capacity(HEAD.len() + envelope.len() + 1);
+    frame.push_str(HEAD);
+    frame.push_str(envelope);
+    frame.push('}');
+    ByteString::from(frame)
 }
 
 /// The rejection echo for an action: to the sender only, carrying the last

@@ -179,7 +179,8 @@ impl Writer {
         while let Ok(first) = rx.recv() {
             let started = Instant::now();
             gather.group_started(started);
-            let mut ops = vec![first];
+            let mut ops = Vec::with_capacity(Gather::TARGET * 2);
+            ops.push(first);
             drain(&rx, &mut ops);
             let wait = gather.wait(&ops, Instant::now());
             if let Some(wait) = wait {
@@ -219,10 +220,12 @@ impl Writer {
         let mut owners: Vec<String> = Vec::new();
         let ord_before = self.next_ord;
         let outcome = (|| -> rusqlite::Result<()> {
-            let tx = self.conn.transaction()?;
+            // Prepared once and kept (as every statement of a group), not
+            // parsed again for each of the many commits a second.
+            self.conn.prepare_cached("BEGIN")?.execute([])?;
             for op in &ops {
                 let r = apply(
-                    &tx,
+                    &self.conn,
                     op,
                     &mut self.next_ord,
                     &mut pending,
@@ -231,8 +234,16 @@ impl Writer {
                 )?;
                 results.push(r);
             }
-            tx.commit()
+            self.conn.prepare_cached("COMMIT")?.execute([])?;
+            Ok(())
         })();
+        if outcome.is_err() && !self.conn.is_autocommit() {
+            // Nothing of a failed group stays: the transaction is undone
+            // before the next one begins.
+            if let Err(e) = self.conn.execute_batch("ROLLBACK") {
+                tracing::error!(error = %e, "journal rollback failed");
+            }
+        }
         if let Err(e) = &outcome {
             tracing::error!(error = %e, ops = ops.len(), "journal commit failed; every write in it is refused");
             self.next_ord = ord_before;
@@ -447,7 +458,7 @@ impl Gather {
 /// Write one op inside the group's transaction. `Err` is an SQLite error
 /// (the group fails); `Ok(Err)` is this op's own refusal (a fenced append).
 fn apply(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Connection,
     op: &Op,
     next_ord: &mut i64,
     pending: &mut HashMap<ChannelUri, Option<JournalPos>>,
@@ -510,11 +521,7 @@ fn apply(
 }
 
 /// Bind `provider` to `subject` unless it is bound; the owner it has after.
-fn bind_provider_in(
-    tx: &rusqlite::Transaction<'_>,
-    provider: &str,
-    subject: &str,
-) -> rusqlite::Result<String> {
+fn bind_provider_in(tx: &Connection, provider: &str, subject: &str) -> rusqlite::Result<String> {
     tx.prepare_cached("INSERT OR IGNORE INTO provider_owners (provider, subject) VALUES (?1, ?2)")?
         .execute(params![provider, subject])?;
     tx.prepare_cached("SELECT subject FROM provider_owners WHERE provider = ?1")?
@@ -522,7 +529,7 @@ fn bind_provider_in(
 }
 
 fn write_batch(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Connection,
     channel: &str,
     expected: JournalPos,
     batch: &Batch,
