@@ -115,9 +115,18 @@ impl Fanout {
     /// helper has [`MAX_BACKLOG`] shares waiting is written here too, after
     /// this thread's own.
     pub fn flush(&self, subs: &Arc<Vec<Arc<Outbound>>>) {
+        self.flush_led_by(None, subs);
+    }
+
+    /// [`Self::flush`], with `author`'s queue (its echo) written first, in
+    /// this thread's first batch, once the helpers have their shares.
+    fn flush_led_by(&self, author: Option<&Arc<Outbound>>, subs: &Arc<Vec<Arc<Outbound>>>) {
         let shares = shares(subs.len(), self.helpers.len());
         let mut shares = shares.into_iter();
         let Some(own) = shares.next() else {
+            if let Some(a) = author {
+                a.flush();
+            }
             return;
         };
         let first = if shares.len() == 0 {
@@ -147,7 +156,20 @@ impl Fanout {
                 here.push(job.range);
             }
         }
-        Outbound::flush_all(&subs[own], self.batched);
+        let own = &subs[own];
+        match author {
+            Some(a) => {
+                // The echo and the first connections of this share in one
+                // system call; the rest of the share after.
+                let head = own.len().min(Outbound::BATCH - 1);
+                let mut first = Vec::with_capacity(head + 1);
+                first.push(a.clone());
+                first.extend(own[..head].iter().filter(|s| s.id() != a.id()).cloned());
+                Outbound::flush_all(&first, self.batched);
+                Outbound::flush_all(&own[head..], self.batched);
+            }
+            None => Outbound::flush_all(own, self.batched),
+        }
         for range in here {
             Outbound::flush_all(&subs[range], self.batched);
         }
@@ -158,11 +180,13 @@ impl Fanout {
     /// goes out in the same batches as the echo, the echo first: one system
     /// call wakes the author's client and the room's rather than one each,
     /// which in a room of ten is a large share of an action's cost. A
-    /// bigger room is written after the author's own write, as its shares.
+    /// bigger room hands the helpers their shares, then writes the echo
+    /// first in the first batch of its own share: the room's first frames
+    /// leave with the echo instead of after a write of its own (whose
+    /// wake-up of the author's client could take the core first).
     pub fn flush_after(&self, author: &Arc<Outbound>, subs: &Arc<Vec<Arc<Outbound>>>) {
         if subs.len() >= MIN_SHARE {
-            author.flush();
-            self.flush(subs);
+            self.flush_led_by(Some(author), subs);
             return;
         }
         let mut room = Vec::with_capacity(subs.len() + 1);

@@ -36,7 +36,7 @@ use parking_lot::MutexGuard;
 use super::{encode_frames, wake, Flush, Outbound, State};
 
 /// Connections written by one submission at most (the ring's size).
-pub(super) const BATCH: usize = 32;
+pub(super) const BATCH: usize = Outbound::BATCH;
 
 /// Capacity of a thread's encoding buffer kept between batches.
 const BUF_KEEP: usize = 1024 * 1024;

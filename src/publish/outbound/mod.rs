@@ -181,6 +181,10 @@ pub struct Outbound {
 }
 
 impl Outbound {
+    /// Connections written per system call by [`Self::flush_all`] (one
+    /// `io_uring` submission).
+    pub const BATCH: usize = 32;
+
     /// A fresh queue allowing `limit_bytes` of unsent frames.
     pub fn new(limit_bytes: usize) -> Self {
         Self::scoped(limit_bytes, None)

@@ -202,6 +202,46 @@ fn the_authors_echo_is_written_before_the_room() {
 }
 
 #[test]
+fn in_a_big_room_the_authors_echo_leads_the_first_batch() {
+    let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout(0, false);
+    let hub = Hub::default();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let wired = |id: usize| {
+        let o = conn(1 << 20);
+        o.attach(
+            Arc::new(LoggedWire {
+                id,
+                log: log.clone(),
+            }),
+            std::time::Duration::ZERO,
+        );
+        o
+    };
+    let n = FANOUT_MIN_SHARE + 44;
+    let room: Vec<_> = (1..=n).map(wired).collect();
+    for o in &room {
+        hub.add(o);
+    }
+    let outsider = wired(0);
+    let ch = ChannelUri::from("ahp-chat:/x");
+    let origin = ActionOrigin {
+        client_id: "c".into(),
+        client_seq: 1,
+    };
+    p.publish(&ch, &hub, "{}", Some(&origin), Some(&outsider));
+    assert_eq!(*log.lock(), (0..=n).collect::<Vec<_>>());
+    // An author inside the room, in the first batch and past it: its echo
+    // first, once, then everyone else in order.
+    for author in [3, 200] {
+        log.lock().clear();
+        p.publish(&ch, &hub, "{}", Some(&origin), Some(&room[author - 1]));
+        let mut expected = vec![author];
+        expected.extend((1..=n).filter(|&i| i != author));
+        assert_eq!(*log.lock(), expected, "author {author}");
+    }
+}
+
+#[test]
 fn a_helper_with_a_full_backlog_leaves_its_share_to_the_publisher() {
     let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout(1, false);
     let n = 2 * FANOUT_MIN_SHARE;
