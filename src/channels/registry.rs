@@ -54,6 +54,13 @@ impl Registry {
         self.channels.get(uri).map(|c| c.clone())
     }
 
+    /// A channel's owning session, if the channel exists (`Some(None)`:
+    /// it exists and has none) — without cloning the rest of its entry, as
+    /// every permission check of every action asks this.
+    pub fn session_of(&self, uri: &str) -> Option<Option<ChannelUri>> {
+        self.channels.get(uri).map(|c| c.session.clone())
+    }
+
     /// Remove a channel.
     pub fn remove(&self, uri: &str) -> Option<Channel> {
         let removed = self.channels.remove(uri).map(|(_, c)| c);

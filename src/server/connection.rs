@@ -282,8 +282,8 @@ impl Connection {
 
     /// The session a channel belongs to (a session URI names itself).
     fn session_of(&self, uri: &str) -> Option<ChannelUri> {
-        match self.app.shared.registry.get(uri) {
-            Some(c) => c.session,
+        match self.app.shared.registry.session_of(uri) {
+            Some(session) => session,
             None if uri.starts_with("ahp-session:") => Some(uri.into()),
             None => None,
         }
