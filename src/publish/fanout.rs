@@ -176,23 +176,14 @@ impl Fanout {
     }
 
     /// Write the author's queue (its echo), then every connection of
-    /// `subs`. A small room (fewer than [`MIN_SHARE`], so never split)
-    /// goes out in the same batches as the echo, the echo first: one system
-    /// call wakes the author's client and the room's rather than one each,
-    /// which in a room of ten is a large share of an action's cost. A
-    /// bigger room hands the helpers their shares, then writes the echo
-    /// first in the first batch of its own share: the room's first frames
-    /// leave with the echo instead of after a write of its own (whose
-    /// wake-up of the author's client could take the core first).
+    /// `subs`: once the helpers have their shares, the echo is the first
+    /// write of this thread's first batch, with the first connections of its
+    /// share. One system call wakes the author's client and the room's
+    /// first readers rather than one each (in a room of ten a large share
+    /// of an action's cost), and in a big room its first frames leave with
+    /// the echo instead of after a write of its own.
     pub fn flush_after(&self, author: &Arc<Outbound>, subs: &Arc<Vec<Arc<Outbound>>>) {
-        if subs.len() >= MIN_SHARE {
-            self.flush_led_by(Some(author), subs);
-            return;
-        }
-        let mut room = Vec::with_capacity(subs.len() + 1);
-        room.push(author.clone());
-        room.extend(subs.iter().filter(|s| s.id() != author.id()).cloned());
-        Outbound::flush_all(&room, self.batched);
+        self.flush_led_by(Some(author), subs);
     }
 
     /// Shares waiting on each helper.

@@ -434,10 +434,9 @@ impl Publisher {
         self.deliveries.increment(delivered);
         // The author's echo leaves first, subscriber or not: it is what
         // the author's client waits on to settle its pending action (after
-        // a big room's writes it would wait for all of them). In a small
-        // room it is the first write of the room's batch, in a big one a
-        // write of its own; a subscribed author's queue is then empty when
-        // the rest of the room is written.
+        // a big room's writes it would wait for all of them). It is the
+        // first write of this thread's first batch; a subscribed author's
+        // queue is then empty when the rest of the room is written.
         match origin_conn {
             Some(o) => self.fanout.flush_after(o, &subs),
             None => self.fanout.flush(&subs),

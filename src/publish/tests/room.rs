@@ -165,9 +165,16 @@ impl outbound::Wire for LoggedWire {
     }
 }
 
-#[test]
-fn the_authors_echo_is_written_before_the_room() {
-    let p = Publisher::new(ServerSeq::ZERO, 16);
+/// A room of `n` connections numbered 1..=n and an outsider numbered 0,
+/// all on [`LoggedWire`]s sharing one log.
+struct LoggedRoom {
+    hub: Hub,
+    room: Vec<Arc<Outbound>>,
+    outsider: Arc<Outbound>,
+    log: Arc<Mutex<Vec<usize>>>,
+}
+
+fn logged_room(n: usize) -> LoggedRoom {
     let hub = Hub::default();
     let log = Arc::new(Mutex::new(Vec::new()));
     let wired = |id: usize| {
@@ -179,16 +186,37 @@ fn the_authors_echo_is_written_before_the_room() {
         o.attach(wire, std::time::Duration::ZERO);
         o
     };
-    let room: Vec<_> = (1..=4).map(wired).collect();
+    let room: Vec<_> = (1..=n).map(wired).collect();
     for o in &room {
         hub.add(o);
     }
     let outsider = wired(0);
-    let ch = ChannelUri::from("ahp-chat:/x");
-    let origin = ActionOrigin {
+    LoggedRoom {
+        hub,
+        room,
+        outsider,
+        log,
+    }
+}
+
+fn an_origin() -> ActionOrigin {
+    ActionOrigin {
         client_id: "c".into(),
         client_seq: 1,
-    };
+    }
+}
+
+#[test]
+fn the_authors_echo_is_written_before_the_room() {
+    let p = Publisher::new(ServerSeq::ZERO, 16);
+    let LoggedRoom {
+        hub,
+        room,
+        outsider,
+        log,
+    } = logged_room(4);
+    let ch = ChannelUri::from("ahp-chat:/x");
+    let origin = an_origin();
     p.publish(&ch, &hub, "{}", Some(&origin), Some(&outsider));
     assert_eq!(
         *log.lock(),
@@ -204,30 +232,15 @@ fn the_authors_echo_is_written_before_the_room() {
 #[test]
 fn in_a_big_room_the_authors_echo_leads_the_first_batch() {
     let p = Publisher::new(ServerSeq::ZERO, 16).with_fanout(0, false);
-    let hub = Hub::default();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let wired = |id: usize| {
-        let o = conn(1 << 20);
-        o.attach(
-            Arc::new(LoggedWire {
-                id,
-                log: log.clone(),
-            }),
-            std::time::Duration::ZERO,
-        );
-        o
-    };
     let n = FANOUT_MIN_SHARE + 44;
-    let room: Vec<_> = (1..=n).map(wired).collect();
-    for o in &room {
-        hub.add(o);
-    }
-    let outsider = wired(0);
+    let LoggedRoom {
+        hub,
+        room,
+        outsider,
+        log,
+    } = logged_room(n);
     let ch = ChannelUri::from("ahp-chat:/x");
-    let origin = ActionOrigin {
-        client_id: "c".into(),
-        client_seq: 1,
-    };
+    let origin = an_origin();
     p.publish(&ch, &hub, "{}", Some(&origin), Some(&outsider));
     assert_eq!(*log.lock(), (0..=n).collect::<Vec<_>>());
     // An author inside the room, in the first batch and past it: its echo
