@@ -13,6 +13,7 @@
 //! way, which finds the error to send back; both ways accept exactly the
 //! same frames and decode them to the same request.
 
+pub mod action;
 pub mod errors;
 pub mod methods;
 

@@ -22,6 +22,7 @@ use super::connection::Connection;
 use super::params::ChannelParams;
 use crate::channels::addr::SessionOwner;
 use crate::channels::{ChannelAddr, DispatchConn};
+use crate::protocol::action::decode_dispatch;
 use crate::protocol::methods::{self as m, decode_params};
 use crate::protocol::{errors, Incoming, RpcError};
 use crate::publish::Push;
@@ -49,9 +50,7 @@ impl Connection {
                 self.unsubscribe(id, decode_params(method, params)?);
                 Ok(())
             }
-            m::DISPATCH_ACTION => {
-                self.dispatch_action(id, decode_params(method, params)?, frame_bytes)
-            }
+            m::DISPATCH_ACTION => self.dispatch_action(id, decode_dispatch(params)?, frame_bytes),
             m::CREATE_SESSION => self.create_session(id, decode_params(method, params)?, ctx),
             m::DISPOSE_SESSION => self.dispose_session(id, decode_params(method, params)?, ctx),
             m::LIST_SESSIONS => {
