@@ -80,12 +80,16 @@ pub(super) fn direct_action(raw: &str) -> Option<StateAction> {
     by_type(&tag.kind, raw)
 }
 
-/// Decode `dispatchAction` params: the direct read when it applies, else
-/// [`decode_params`] (same result, same errors).
+/// Decode `dispatchAction` params: once their members are read, the action
+/// directly when it is of a direct type, else through its derived decode
+/// (from its own text: the params are not read again); params that do not
+/// fit go to [`decode_params`] (same result, same errors).
 pub fn decode_dispatch(params: Params) -> Result<DispatchActionParams, RpcError> {
     if let Params::Raw(raw) = &params {
         if let Ok(p) = serde_json::from_str::<Direct<'_>>(raw.get()) {
-            if let Some(action) = direct_action(p.action.get()) {
+            let text = p.action.get();
+            let action = direct_action(text).or_else(|| serde_json::from_str(text).ok());
+            if let Some(action) = action {
                 return Ok(DispatchActionParams {
                     channel: p.channel,
                     client_seq: p.client_seq,
