@@ -14,7 +14,10 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use dashmap::DashMap;
+use parking_lot::Mutex;
 
 use crate::config::Limits;
 
@@ -68,7 +71,7 @@ impl Bucket {
     }
 }
 
-/// One principal's shared buckets.
+/// One principal's buckets.
 struct PrincipalBuckets {
     /// Bytes of actions the journal may still write for it.
     journal_bytes: Bucket,
@@ -78,72 +81,69 @@ struct PrincipalBuckets {
     requests: Bucket,
 }
 
-/// Every principal's buckets, by key (see the module doc).
+/// A principal's buckets, as a connection holds them: every connection of a
+/// principal holds the same ones, and reaches them without looking the
+/// principal up again (a frame costs one uncontended lock, not a hash of
+/// the key and a lock of the table's shard).
+#[derive(Clone)]
+pub struct Rates(Arc<Mutex<PrincipalBuckets>>);
+
+impl Rates {
+    /// Full buckets from the configured limits, for a principal of its own
+    /// (a connection without authentication): nobody else draws on them,
+    /// and they go with the connection.
+    pub fn own(limits: &Limits, now: Instant) -> Self {
+        Self(Arc::new(Mutex::new(PrincipalBuckets {
+            // One action of the largest size always fits a full bucket.
+            journal_bytes: Bucket::new(
+                limits.dispatch_bytes_per_sec,
+                limits
+                    .dispatch_bytes_burst
+                    .max(limits.max_action_bytes as f64),
+                now,
+            ),
+            inbound_bytes: Bucket::new(
+                limits.inbound_bytes_per_sec,
+                limits.inbound_bytes_per_sec * 2.0,
+                now,
+            ),
+            requests: Bucket::new(limits.requests_per_sec, limits.requests_per_sec * 2.0, now),
+        })))
+    }
+
+    /// Account for a frame of `bytes` read from the principal (a request
+    /// when `request`): how long to wait before handling it.
+    pub fn pace(&self, bytes: usize, request: bool, now: Instant) -> Duration {
+        let mut b = self.0.lock();
+        let read = b.inbound_bytes.debit(bytes as f64, now);
+        let asked = if request {
+            b.requests.debit(1.0, now)
+        } else {
+            Duration::ZERO
+        };
+        read.max(asked)
+    }
+}
+
+/// The buckets of every authenticated principal, by token subject (see the
+/// module doc): a fresh connection of a subject gets the buckets its other
+/// connections drew on, and a subject's buckets outlive its connections (a
+/// reconnect gets no fresh budget either).
 #[derive(Default)]
 pub struct Principals {
-    buckets: DashMap<String, PrincipalBuckets>,
+    buckets: DashMap<String, Rates>,
 }
 
 impl Principals {
-    fn with<R>(
-        &self,
-        key: &str,
-        limits: &Limits,
-        now: Instant,
-        f: impl FnOnce(&mut PrincipalBuckets) -> R,
-    ) -> R {
-        // Known principals (every frame but a principal's first) need no
-        // owned key.
-        if let Some(mut known) = self.buckets.get_mut(key) {
-            return f(&mut known);
+    /// Principal `key`'s buckets, full ones for a principal not seen before.
+    pub fn of(&self, key: &str, limits: &Limits, now: Instant) -> Rates {
+        if let Some(known) = self.buckets.get(key) {
+            return known.clone();
         }
-        let mut entry = self
-            .buckets
+        self.buckets
             .entry(key.to_owned())
-            .or_insert_with(|| PrincipalBuckets {
-                // One action of the largest size always fits a full bucket.
-                journal_bytes: Bucket::new(
-                    limits.dispatch_bytes_per_sec,
-                    limits
-                        .dispatch_bytes_burst
-                        .max(limits.max_action_bytes as f64),
-                    now,
-                ),
-                inbound_bytes: Bucket::new(
-                    limits.inbound_bytes_per_sec,
-                    limits.inbound_bytes_per_sec * 2.0,
-                    now,
-                ),
-                requests: Bucket::new(limits.requests_per_sec, limits.requests_per_sec * 2.0, now),
-            });
-        f(&mut entry)
-    }
-
-    /// Account for a frame of `bytes` read from principal `key` (a request
-    /// when `request`): how long to wait before handling it.
-    pub fn pace(
-        &self,
-        key: &str,
-        bytes: usize,
-        request: bool,
-        limits: &Limits,
-        now: Instant,
-    ) -> Duration {
-        self.with(key, limits, now, |b| {
-            let read = b.inbound_bytes.debit(bytes as f64, now);
-            let asked = if request {
-                b.requests.debit(1.0, now)
-            } else {
-                Duration::ZERO
-            };
-            read.max(asked)
-        })
-    }
-
-    /// Forget a principal (a connection that was its own principal closed).
-    pub fn forget(&self, key: &str) {
-        self.buckets.remove(key);
-        crate::memory::shrink_if_sparse(&self.buckets);
+            .or_insert_with(|| Rates::own(limits, now))
+            .clone()
     }
 }
 
@@ -163,28 +163,20 @@ impl DispatchBudget {
         }
     }
 
-    /// Take one dispatch of `bytes` for principal `key`, or say no (and
-    /// take nothing).
-    pub fn take(
-        &mut self,
-        principals: &Principals,
-        key: &str,
-        bytes: usize,
-        limits: &Limits,
-        now: Instant,
-    ) -> bool {
+    /// Take one dispatch of `bytes` from the principal's `rates`, or say no
+    /// (and take nothing).
+    pub fn take(&mut self, rates: &Rates, bytes: usize, now: Instant) -> bool {
         if !self.count.has(1.0, now) {
             return false;
         }
         let bytes = bytes as f64;
-        principals.with(key, limits, now, |b| {
-            if !b.journal_bytes.has(bytes, now) {
-                return false;
-            }
-            b.journal_bytes.take(bytes);
-            self.count.take(1.0);
-            true
-        })
+        let mut b = rates.0.lock();
+        if !b.journal_bytes.has(bytes, now) {
+            return false;
+        }
+        b.journal_bytes.take(bytes);
+        self.count.take(1.0);
+        true
     }
 }
 
@@ -203,27 +195,21 @@ mod tests {
             max_action_bytes: 500,
             ..Limits::default()
         };
-        let p = Principals::default();
+        let a = Principals::default().of("a", &limits, t0);
         let mut b = DispatchBudget::new(&limits, t0);
-        assert!(b.take(&p, "a", 600, &limits, t0));
-        assert!(
-            !b.take(&p, "a", 600, &limits, t0),
-            "the bytes bucket is short"
-        );
-        assert!(
-            b.take(&p, "a", 400, &limits, t0),
-            "a smaller one still fits"
-        );
+        assert!(b.take(&a, 600, t0));
+        assert!(!b.take(&a, 600, t0), "the bytes bucket is short");
+        assert!(b.take(&a, 400, t0), "a smaller one still fits");
         for _ in 0..8 {
-            assert!(b.take(&p, "a", 0, &limits, t0));
+            assert!(b.take(&a, 0, t0));
         }
-        assert!(!b.take(&p, "a", 0, &limits, t0), "ten dispatches per burst");
+        assert!(!b.take(&a, 0, t0), "ten dispatches per burst");
         let later = t0 + Duration::from_millis(500);
         assert!(
-            b.take(&p, "a", 400, &limits, later),
+            b.take(&a, 400, later),
             "half a second refills 5 and 500 bytes"
         );
-        assert!(!b.take(&p, "a", 400, &limits, later));
+        assert!(!b.take(&a, 400, later));
     }
 
     #[test]
@@ -236,14 +222,20 @@ mod tests {
             ..Limits::default()
         };
         let p = Principals::default();
-        assert!(DispatchBudget::new(&limits, t0).take(&p, "a", 1000, &limits, t0));
+        let first = p.of("a", &limits, t0);
+        assert!(DispatchBudget::new(&limits, t0).take(&first, 1000, t0));
+        drop(first);
         assert!(
-            !DispatchBudget::new(&limits, t0).take(&p, "a", 1, &limits, t0),
-            "a fresh connection gets no fresh budget"
+            !DispatchBudget::new(&limits, t0).take(&p.of("a", &limits, t0), 1, t0),
+            "a fresh connection gets no fresh budget, even after the others closed"
         );
         assert!(
-            DispatchBudget::new(&limits, t0).take(&p, "b", 1000, &limits, t0),
+            DispatchBudget::new(&limits, t0).take(&p.of("b", &limits, t0), 1000, t0),
             "another principal has its own"
+        );
+        assert!(
+            DispatchBudget::new(&limits, t0).take(&Rates::own(&limits, t0), 1000, t0),
+            "a connection that is its own principal has its own"
         );
     }
 
@@ -256,8 +248,7 @@ mod tests {
             max_action_bytes: 1000,
             ..Limits::default()
         };
-        let p = Principals::default();
-        assert!(DispatchBudget::new(&limits, t0).take(&p, "a", 1000, &limits, t0));
+        assert!(DispatchBudget::new(&limits, t0).take(&Rates::own(&limits, t0), 1000, t0));
     }
 
     #[test]
@@ -269,29 +260,24 @@ mod tests {
             ..Limits::default()
         };
         let p = Principals::default();
+        let a = p.of("a", &limits, t0);
         for _ in 0..20 {
-            assert_eq!(
-                p.pace("a", 10, true, &limits, t0),
-                Duration::ZERO,
-                "the burst"
-            );
+            assert_eq!(a.pace(10, true, t0), Duration::ZERO, "the burst");
         }
         assert_eq!(
-            p.pace("a", 10, true, &limits, t0),
+            p.of("a", &limits, t0).pace(10, true, t0),
             Duration::from_millis(100),
             "one request over: a tenth of a second"
         );
         assert_eq!(
-            p.pace("b", 10, true, &limits, t0),
+            p.of("b", &limits, t0).pace(10, true, t0),
             Duration::ZERO,
             "another principal"
         );
         assert_eq!(
-            p.pace("c", 3000, false, &limits, t0),
+            Rates::own(&limits, t0).pace(3000, false, t0),
             Duration::from_secs(1),
             "a thousand bytes over at a thousand per second"
         );
-        p.forget("c");
-        assert_eq!(p.pace("c", 10, false, &limits, t0), Duration::ZERO);
     }
 }

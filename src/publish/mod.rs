@@ -107,8 +107,8 @@ struct RingEntry {
     /// Only for connections that see every session (see
     /// [`Publisher::publish_unjournaled`]).
     unscoped_only: bool,
-    /// The serialized `ActionEnvelope` (the `params` of an `action` notification).
-    envelope: Arc<str>,
+    /// The `action` notification carrying the serialized `ActionEnvelope`.
+    envelope: Envelope,
 }
 
 /// `serverSeq` values reserved in the store at a time: a restart starts
@@ -128,29 +128,104 @@ struct SeqState {
     ring_bytes: usize,
 }
 
-/// An envelope's channel and origin, serialized before taking the lock.
-struct Encoded {
-    channel_json: String,
-    /// `,"origin":{…}` or empty.
-    origin_json: String,
+/// The start of every `action` notification, before its envelope.
+const ACTION_HEAD: &str = "{\"jsonrpc\":\"2.0\",\"method\":\"action\",\"params\":";
+
+/// A published `ActionEnvelope`, kept as the `action` notification that
+/// carries it: the frame every subscriber is sent and the envelope the ring
+/// replays are one allocation. Reads as the envelope's JSON.
+#[derive(Clone)]
+pub struct Envelope(ByteString);
+
+impl Envelope {
+    /// The `action` notification.
+    pub fn frame(&self) -> &ByteString {
+        &self.0
+    }
 }
 
-impl Encoded {
-    fn new(channel: &str, origin: Option<&ActionOrigin>) -> Self {
-        Self {
-            channel_json: serde_json::to_string(channel).unwrap_or_else(|_| "\"\"".into()),
-            origin_json: origin
-                .map(|o| serde_json::to_string(o).unwrap_or_else(|_| "null".into()))
-                .map(|o| format!(",\"origin\":{o}"))
-                .unwrap_or_default(),
+impl std::ops::Deref for Envelope {
+    type Target = str;
+
+    /// The serialized `ActionEnvelope` (the notification's `params`).
+    fn deref(&self) -> &str {
+        &self.0[ACTION_HEAD.len()..self.0.len() - 1]
+    }
+}
+
+impl std::fmt::Debug for Envelope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
+    }
+}
+
+/// Push `s` as a JSON string: as it is when nothing in it needs escaping
+/// (a channel URI, a client id), through `serde_json` otherwise.
+fn push_json_str(out: &mut String, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into()));
+    }
+}
+
+/// An `action` notification up to its `serverSeq`, built before the
+/// publisher's lock is taken; [`Unnumbered::finish`] completes it under
+/// the lock once the number is known.
+struct Unnumbered {
+    frame: String,
+    origin: Option<(usize, usize)>,
+}
+
+impl Unnumbered {
+    /// Longest `serverSeq` in decimal.
+    const SEQ_DIGITS: usize = 20;
+
+    fn new(channel: &str, action_json: &str, origin: Option<&ActionOrigin>) -> Self {
+        let origin_len = origin.map_or(0, |o| o.client_id.len() + 64);
+        let mut frame = String::with_capacity(
+            ACTION_HEAD.len() + channel.len() + action_json.len() + origin_len + 64,
+        );
+        frame.push_str(ACTION_HEAD);
+        frame.push_str("{\"channel\":");
+        push_json_str(&mut frame, channel);
+        frame.push_str(",\"action\":");
+        frame.push_str(action_json);
+        frame.push_str(",\"serverSeq\":");
+        // The origin goes after the number: it is written here, where the
+        // number will end, and moved into place by `finish`.
+        let origin = origin.map(|o| {
+            let at = frame.len();
+            frame.push_str(",\"origin\":{\"clientId\":");
+            push_json_str(&mut frame, &o.client_id);
+            frame.push_str(",\"clientSeq\":");
+            frame.push_str(itoa::Buffer::new().format(o.client_seq));
+            frame.push('}');
+            (at, frame.len())
+        });
+        frame.reserve(Self::SEQ_DIGITS + 2);
+        Self { frame, origin }
+    }
+
+    /// The notification numbered `seq`.
+    fn finish(mut self, seq: ServerSeq) -> Envelope {
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(seq.get());
+        match self.origin {
+            Some((at, _)) => self.frame.insert_str(at, digits),
+            None => self.frame.push_str(digits),
         }
+        self.frame.push_str("}}");
+        Envelope(ByteString::from(self.frame))
     }
 }
 
 /// What `reconnect` can get from the ring.
 pub enum Replay {
     /// Every envelope after `lastSeenServerSeq` on the requested channels.
-    Envelopes(Vec<Arc<str>>),
+    Envelopes(Vec<Envelope>),
     /// The ring no longer holds the gap, the gap is too big to replay, or
     /// `lastSeenServerSeq` is not a number this node handed out (another
     /// node's, or from before this node's start).
@@ -238,11 +313,13 @@ impl Publisher {
     /// headers, and its slots (allocated up front, at most
     /// `--replay-ring-len` of them).
     pub fn ring_footprint(&self) -> usize {
-        /// An `Arc<str>`'s two counters.
-        const ARC_HEADER: usize = 2 * std::mem::size_of::<usize>();
+        /// What an envelope's frame holds beside the envelope: the
+        /// notification around it, and the shared buffer's header (its
+        /// pointer, capacity and count).
+        const FRAME_EXTRA: usize = ACTION_HEAD.len() + 1 + 3 * std::mem::size_of::<usize>();
         let st = self.state.lock();
         st.ring_bytes
-            + st.ring.len() * ARC_HEADER
+            + st.ring.len() * FRAME_EXTRA
             + st.ring.capacity() * std::mem::size_of::<RingEntry>()
     }
 
@@ -301,23 +378,14 @@ impl Publisher {
         origin: Option<&ActionOrigin>,
         origin_conn: Option<&Arc<Outbound>>,
     ) -> ServerSeq {
-        let text = Encoded::new(channel, origin);
+        let text = Unnumbered::new(channel, action_json, origin);
         let mut st = self.state.lock();
         // Nothing claimed (a caller outside the journal path): reserve now,
         // and drop the action rather than use an unreserved number.
         let Ok(seq) = st.numbers.assign(true, &self.reserver) else {
             return st.numbers.current();
         };
-        self.publish_locked(
-            st,
-            seq,
-            &text,
-            channel,
-            hub,
-            action_json,
-            origin_conn,
-            false,
-        )
+        self.publish_locked(st, seq, text, channel, hub, origin_conn, false)
     }
 
     /// Publish an action that is not journaled (root's derived state):
@@ -333,19 +401,10 @@ impl Publisher {
         action_json: &str,
         unscoped_only: bool,
     ) -> Option<ServerSeq> {
-        let text = Encoded::new(channel, None);
+        let text = Unnumbered::new(channel, action_json, None);
         let mut st = self.state.lock();
         let seq = st.numbers.assign(false, &self.reserver).ok()?;
-        Some(self.publish_locked(
-            st,
-            seq,
-            &text,
-            channel,
-            hub,
-            action_json,
-            None,
-            unscoped_only,
-        ))
+        Some(self.publish_locked(st, seq, text, channel, hub, None, unscoped_only))
     }
 
     /// Fan the envelope numbered `seq` out and ring it, under the lock.
@@ -354,33 +413,14 @@ impl Publisher {
         &self,
         mut st: parking_lot::MutexGuard<'_, SeqState>,
         seq: ServerSeq,
-        text: &Encoded,
+        text: Unnumbered,
         channel: &ChannelUri,
         hub: &Hub,
-        action_json: &str,
         origin_conn: Option<&Arc<Outbound>>,
         unscoped_only: bool,
     ) -> ServerSeq {
-        let Encoded {
-            channel_json,
-            origin_json,
-        } = text;
-        let envelope: Arc<str> = {
-            use std::fmt::Write;
-            // Sized once: this runs under the lock for every action.
-            let mut e = String::with_capacity(
-                channel_json.len() + action_json.len() + origin_json.len() + 64,
-            );
-            e.push_str("{\"channel\":");
-            e.push_str(channel_json);
-            e.push_str(",\"action\":");
-            e.push_str(action_json);
-            let _ = write!(e, ",\"serverSeq\":{seq}");
-            e.push_str(origin_json);
-            e.push('}');
-            e.into()
-        };
-        let frame = action_frame(&envelope);
+        let envelope = text.finish(seq);
+        let frame = envelope.frame().clone();
         // Queued under the lock (that is what keeps `serverSeq` order on
         // every connection); written once it is released.
         let subs = hub.current();
@@ -469,7 +509,7 @@ impl Publisher {
         channels: &[(ChannelUri, Arc<Hub>)],
         conn: &Arc<Outbound>,
         max_bytes: usize,
-        under_lock: impl FnOnce(&[Arc<str>]),
+        under_lock: impl FnOnce(&[Envelope]),
     ) -> Replay {
         let st = self.state.lock();
         let covered = st.numbers.handed_out(last_seen) && st.evicted <= last_seen;
@@ -477,7 +517,7 @@ impl Publisher {
             return Replay::TooOld;
         }
         let start = st.ring.partition_point(|e| e.seq <= last_seen);
-        let envelopes: Vec<Arc<str>> = st
+        let envelopes: Vec<Envelope> = st
             .ring
             .range(start..)
             .filter(|e| channels.iter().any(|(c, _)| *c == e.channel))
@@ -493,16 +533,6 @@ impl Publisher {
         under_lock(&envelopes);
         Replay::Envelopes(envelopes)
     }
-}
-
-/// The `action` notification frame for a serialized envelope.
-pub fn action_frame(envelope: &str) -> ByteString {
-    const HEAD: &str = "{\"jsonrpc\":\"2.0\",\"method\":\"action\",\"params\":";
-    let mut frame = String::with_capacity(HEAD.len() + envelope.len() + 1);
-    frame.push_str(HEAD);
-    frame.push_str(envelope);
-    frame.push('}');
-    ByteString::from(frame)
 }
 
 /// The rejection echo for an action: to the sender only, carrying the last

@@ -41,9 +41,9 @@ pub struct Connection {
     pub(super) principal: Principal,
     /// `tandem/requestInteraction` calls waiting for their settlement.
     pub(super) open_interactions: usize,
-    /// Whose rate buckets this connection draws on (see [`crate::rate`]):
-    /// the token subject, or the connection itself without authentication.
-    pub(super) rate_key: String,
+    /// The rate buckets this connection draws on (see [`crate::rate`]):
+    /// its token subject's, or its own without authentication.
+    pub(super) rates: crate::rate::Rates,
     /// Dispatches and bytes of actions this connection may still send now.
     pub(super) budget: crate::rate::DispatchBudget,
     /// The connection's admission slot, given back when it stops.
@@ -64,12 +64,12 @@ impl Connection {
         slot: Slot,
         inbound: Inbound,
     ) -> OnGone {
-        let rate_key = match &app.auth {
-            Some(_) => principal.subject.clone(),
-            None => format!("conn:{}", out.id()),
+        let (limits, now) = (&app.shared.config.limits, std::time::Instant::now());
+        let rates = match &app.auth {
+            Some(_) => app.principals.of(&principal.subject, limits, now),
+            None => crate::rate::Rates::own(limits, now),
         };
-        let budget =
-            crate::rate::DispatchBudget::new(&app.shared.config.limits, std::time::Instant::now());
+        let budget = crate::rate::DispatchBudget::new(limits, now);
         // This thread serves connections: sessions created here may run here.
         app.shared.homes.serve_here();
         let conn = Connection {
@@ -80,7 +80,7 @@ impl Connection {
             providers: HashSet::new(),
             principal,
             open_interactions: 0,
-            rate_key,
+            rates,
             budget,
             slot: Some(slot),
         };
@@ -123,9 +123,6 @@ impl Actor for Connection {
         }
         for p in self.providers.drain() {
             self.app.agents.connection_closed(&p, self.out.id());
-        }
-        if self.app.auth.is_none() {
-            self.app.principals.forget(&self.rate_key);
         }
         self.slot = None;
         self.out.close(CloseCause::Normal);
@@ -242,13 +239,9 @@ impl Connection {
         // An edit is paced like the action it becomes (in its handler).
         let request = ![m::DISPATCH_ACTION, m::EDIT_TEXT, m::SET_PRESENCE, m::PING]
             .contains(&inc.method.as_str());
-        let delay = self.app.principals.pace(
-            &self.rate_key,
-            text.len(),
-            request,
-            &self.app.shared.config.limits,
-            std::time::Instant::now(),
-        );
+        let delay = self
+            .rates
+            .pace(text.len(), request, std::time::Instant::now());
         let frame_bytes = text.len();
         if delay.is_zero() {
             self.handle_message(inc, frame_bytes, ctx);

@@ -366,13 +366,8 @@ impl Connection {
     /// Take one dispatch of `bytes` from the connection's and its subject's
     /// budgets.
     pub(super) fn take_dispatch_token(&mut self, bytes: usize) -> bool {
-        self.budget.take(
-            &self.app.principals,
-            &self.rate_key,
-            bytes,
-            &self.app.shared.config.limits,
-            std::time::Instant::now(),
-        )
+        self.budget
+            .take(&self.rates, bytes, std::time::Instant::now())
     }
 }
 

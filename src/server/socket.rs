@@ -28,7 +28,7 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -39,8 +39,7 @@ use futures_util::Stream;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 
-use super::admission::Connections;
-use crate::ids::ConnId;
+use super::admission::{Connections, OpenConn};
 use crate::metrics::Metrics;
 use crate::publish::outbound::{
     encode_frames, encoded_len, Beat, CloseCause, Outbound, Take, Taken, Wire,
@@ -539,15 +538,16 @@ pub async fn heartbeat(connections: Arc<Connections>, interval: Duration, idle_t
     // This interval's connections by slot, listed at its first tick (a
     // connection opened since waits for the next interval; one closed since
     // is skipped).
-    let mut round: Vec<Vec<ConnId>> = Vec::new();
+    let mut round: Vec<Vec<Weak<OpenConn>>> = Vec::new();
     loop {
         tick.tick().await;
         if slot == 0 {
-            round = connections.ids_by_slot(slices);
+            round = connections.by_slot(slices);
         }
         let beaten = std::mem::take(&mut round[slot as usize]);
         slot = (slot + 1) % slices;
-        for c in beaten.into_iter().filter_map(|id| connections.queue(id)) {
+        for open in beaten.iter().filter_map(Weak::upgrade) {
+            let c = &open.out;
             match c.beat(idle_ms, abandon_beats, interval_ms) {
                 Beat::Idle => tracing::info!(conn = %c.id(), "closing an idle connection"),
                 Beat::Abandoned => tracing::info!(

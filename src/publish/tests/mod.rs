@@ -42,6 +42,49 @@ fn publish_assigns_increasing_seqs_and_echoes_origin_once() {
     assert_eq!(a.last_seq(), ServerSeq::new(2));
 }
 
+/// The frame a subscriber gets and the envelope a replay returns are what
+/// `serde_json` writes for the protocol's own `ActionEnvelope`, byte for
+/// byte: with and without an origin, with characters that need escaping in
+/// the channel and the client id, at the extremes of the numbers.
+#[test]
+fn a_published_frame_is_the_envelope_serde_writes() {
+    use ahp_types::actions::{ActionEnvelope, StateAction};
+    let action_json = r#"{"type":"chat/isReadChanged","isRead":true}"#;
+    let action: StateAction = serde_json::from_str(action_json).unwrap();
+    let origin = |id: &str, seq: i64| ActionOrigin {
+        client_id: id.into(),
+        client_seq: seq,
+    };
+    let cases = [
+        ("ahp-chat:s/c", None, 1),
+        ("ahp-chat:s/c", Some(origin("client-1", 7)), 42),
+        ("ahp-root://", Some(origin("", -1)), u64::MAX),
+        (
+            "ahp-chat:\"quoted\"\\/\u{1}é",
+            Some(origin("a\"b\\c\n\u{7f}ü", i64::MIN)),
+            0,
+        ),
+        ("", Some(origin("x", i64::MAX)), 10),
+    ];
+    for (channel, origin, seq) in cases {
+        let envelope =
+            Unnumbered::new(channel, action_json, origin.as_ref()).finish(ServerSeq::new(seq));
+        let expected = serde_json::to_string(&ActionEnvelope {
+            channel: channel.into(),
+            action: action.clone(),
+            server_seq: seq,
+            origin,
+            rejection_reason: None,
+        })
+        .unwrap();
+        assert_eq!(&*envelope, expected);
+        assert_eq!(
+            &**envelope.frame(),
+            format!(r#"{{"jsonrpc":"2.0","method":"action","params":{expected}}}"#)
+        );
+    }
+}
+
 #[test]
 fn the_ring_is_bounded_in_bytes_and_falls_back_to_snapshots() {
     let p = Publisher::with_reserver(ServerSeq::ZERO, 1000, 1000, Box::new(|next, _| Ok(next)));
