@@ -12,9 +12,8 @@
 //! connection gets no fresh budget); without authentication every client is
 //! the same local user, so each connection is its own principal.
 
-use std::time::{Duration, Instant};
-
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use parking_lot::Mutex;

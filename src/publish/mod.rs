@@ -159,65 +159,109 @@ impl std::fmt::Debug for Envelope {
     }
 }
 
-/// Push `s` as a JSON string: as it is when nothing in it needs escaping
-/// (a channel URI, a client id), through `serde_json` otherwise.
-fn push_json_str(out: &mut String, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push('"');
-        out.push_str(s);
-        out.push('"');
-    } else {
-        out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into()));
+/// A string as JSON: itself between quotes when nothing in it needs
+/// escaping (a channel URI, a client id), `serde_json`'s text otherwise.
+enum JsonStr<'a> {
+    Plain(&'a str),
+    Escaped(String),
+}
+
+impl<'a> JsonStr<'a> {
+    fn of(s: &'a str) -> Self {
+        if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            Self::Plain(s)
+        } else {
+            Self::Escaped(serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into()))
+        }
+    }
+
+    /// Bytes it takes, quotes included.
+    fn len(&self) -> usize {
+        match self {
+            Self::Plain(s) => s.len() + 2,
+            Self::Escaped(e) => e.len(),
+        }
+    }
+
+    fn push_to(&self, out: &mut String) {
+        match self {
+            Self::Plain(s) => {
+                out.push('"');
+                out.push_str(s);
+                out.push('"');
+            }
+            Self::Escaped(e) => out.push_str(e),
+        }
     }
 }
 
 /// An `action` notification up to its `serverSeq`, built before the
 /// publisher's lock is taken; [`Unnumbered::finish`] completes it under
-/// the lock once the number is known.
+/// the lock once the number is known. Its buffer is sized exactly, but for
+/// the digits the number does not use (the ring keeps it as it is).
 struct Unnumbered {
     frame: String,
-    origin: Option<(usize, usize)>,
+    /// Where the origin starts, when there is one: it is written where the
+    /// number will end, and moved after it by `finish`.
+    origin_at: Option<usize>,
 }
 
 impl Unnumbered {
     /// Longest `serverSeq` in decimal.
     const SEQ_DIGITS: usize = 20;
+    const CHANNEL: &str = "{\"channel\":";
+    const ACTION: &str = ",\"action\":";
+    const SEQ: &str = ",\"serverSeq\":";
+    const ORIGIN: &str = ",\"origin\":{\"clientId\":";
+    const CLIENT_SEQ: &str = ",\"clientSeq\":";
+    /// The envelope's and the notification's closing braces.
+    const END: &str = "}}";
 
     fn new(channel: &str, action_json: &str, origin: Option<&ActionOrigin>) -> Self {
-        let origin_len = origin.map_or(0, |o| o.client_id.len() + 64);
+        let channel = JsonStr::of(channel);
+        let mut client_seq = itoa::Buffer::new();
+        let origin = origin.map(|o| (JsonStr::of(&o.client_id), client_seq.format(o.client_seq)));
+        let origin_len = origin.as_ref().map_or(0, |(id, seq)| {
+            Self::ORIGIN.len() + id.len() + Self::CLIENT_SEQ.len() + seq.len() + 1
+        });
         let mut frame = String::with_capacity(
-            ACTION_HEAD.len() + channel.len() + action_json.len() + origin_len + 64,
+            ACTION_HEAD.len()
+                + Self::CHANNEL.len()
+                + channel.len()
+                + Self::ACTION.len()
+                + action_json.len()
+                + Self::SEQ.len()
+                + Self::SEQ_DIGITS
+                + origin_len
+                + Self::END.len(),
         );
         frame.push_str(ACTION_HEAD);
-        frame.push_str("{\"channel\":");
-        push_json_str(&mut frame, channel);
-        frame.push_str(",\"action\":");
+        frame.push_str(Self::CHANNEL);
+        channel.push_to(&mut frame);
+        frame.push_str(Self::ACTION);
         frame.push_str(action_json);
-        frame.push_str(",\"serverSeq\":");
-        // The origin goes after the number: it is written here, where the
-        // number will end, and moved into place by `finish`.
-        let origin = origin.map(|o| {
+        frame.push_str(Self::SEQ);
+        let origin_at = origin.map(|(id, seq)| {
             let at = frame.len();
-            frame.push_str(",\"origin\":{\"clientId\":");
-            push_json_str(&mut frame, &o.client_id);
-            frame.push_str(",\"clientSeq\":");
-            frame.push_str(itoa::Buffer::new().format(o.client_seq));
+            frame.push_str(Self::ORIGIN);
+            id.push_to(&mut frame);
+            frame.push_str(Self::CLIENT_SEQ);
+            frame.push_str(seq);
             frame.push('}');
-            (at, frame.len())
+            at
         });
-        frame.reserve(Self::SEQ_DIGITS + 2);
-        Self { frame, origin }
+        Self { frame, origin_at }
     }
 
     /// The notification numbered `seq`.
     fn finish(mut self, seq: ServerSeq) -> Envelope {
         let mut digits = itoa::Buffer::new();
         let digits = digits.format(seq.get());
-        match self.origin {
-            Some((at, _)) => self.frame.insert_str(at, digits),
+        match self.origin_at {
+            Some(at) => self.frame.insert_str(at, digits),
             None => self.frame.push_str(digits),
         }
-        self.frame.push_str("}}");
+        self.frame.push_str(Self::END);
         Envelope(ByteString::from(self.frame))
     }
 }
@@ -309,14 +353,15 @@ impl Publisher {
         self.state.lock().ring_bytes
     }
 
-    /// Memory the replay ring holds: its envelopes with their shared
-    /// headers, and its slots (allocated up front, at most
-    /// `--replay-ring-len` of them).
+    /// Memory the replay ring holds: its envelopes, each in its `action`
+    /// frame with the frame's shared header (counted at most), and its
+    /// slots (allocated up front, at most `--replay-ring-len` of them).
     pub fn ring_footprint(&self) -> usize {
-        /// What an envelope's frame holds beside the envelope: the
-        /// notification around it, and the shared buffer's header (its
-        /// pointer, capacity and count).
-        const FRAME_EXTRA: usize = ACTION_HEAD.len() + 1 + 3 * std::mem::size_of::<usize>();
+        /// What an envelope's frame holds beside the envelope, at most: the
+        /// notification around it, the digits its number does not use, and
+        /// the shared buffer's header (its pointer, capacity and count).
+        const FRAME_EXTRA: usize =
+            ACTION_HEAD.len() + 1 + Unnumbered::SEQ_DIGITS + 3 * std::mem::size_of::<usize>();
         let st = self.state.lock();
         st.ring_bytes
             + st.ring.len() * FRAME_EXTRA

@@ -45,7 +45,10 @@ fn publish_assigns_increasing_seqs_and_echoes_origin_once() {
 /// The frame a subscriber gets and the envelope a replay returns are what
 /// `serde_json` writes for the protocol's own `ActionEnvelope`, byte for
 /// byte: with and without an origin, with characters that need escaping in
-/// the channel and the client id, at the extremes of the numbers.
+/// the channel and the client id and with ones that do not, at the
+/// extremes of the numbers. The frame's buffer is sized exactly, whether
+/// or not its strings were escaped: it keeps only the digits its number
+/// does not use.
 #[test]
 fn a_published_frame_is_the_envelope_serde_writes() {
     use ahp_types::actions::{ActionEnvelope, StateAction};
@@ -59,30 +62,64 @@ fn a_published_frame_is_the_envelope_serde_writes() {
         ("ahp-chat:s/c", None, 1),
         ("ahp-chat:s/c", Some(origin("client-1", 7)), 42),
         ("ahp-root://", Some(origin("", -1)), u64::MAX),
+        ("ahp-chat:ü/\u{7f}", Some(origin("ü\u{7f}é", 3)), 5),
         (
             "ahp-chat:\"quoted\"\\/\u{1}é",
             Some(origin("a\"b\\c\n\u{7f}ü", i64::MIN)),
             0,
         ),
-        ("", Some(origin("x", i64::MAX)), 10),
+        ("", Some(origin(&"\u{1}".repeat(40), i64::MAX)), 10),
     ];
-    for (channel, origin, seq) in cases {
-        let envelope =
-            Unnumbered::new(channel, action_json, origin.as_ref()).finish(ServerSeq::new(seq));
-        let expected = serde_json::to_string(&ActionEnvelope {
+    let expected = |channel: &str, origin: Option<ActionOrigin>, seq: u64| {
+        serde_json::to_string(&ActionEnvelope {
             channel: channel.into(),
             action: action.clone(),
             server_seq: seq,
             origin,
             rejection_reason: None,
         })
-        .unwrap();
-        assert_eq!(&*envelope, expected);
+        .unwrap()
+    };
+    let frame_of =
+        |envelope: &str| format!(r#"{{"jsonrpc":"2.0","method":"action","params":{envelope}}}"#);
+    for (channel, origin, seq) in cases.clone() {
+        let unnumbered = Unnumbered::new(channel, action_json, origin.as_ref());
         assert_eq!(
-            &**envelope.frame(),
-            format!(r#"{{"jsonrpc":"2.0","method":"action","params":{expected}}}"#)
+            unnumbered.frame.capacity() - unnumbered.frame.len(),
+            Unnumbered::SEQ_DIGITS + Unnumbered::END.len(),
+            "sized for the number and the closing braces, nothing more"
         );
+        let envelope = unnumbered.finish(ServerSeq::new(seq));
+        let want = expected(channel, origin, seq);
+        assert_eq!(&*envelope, want);
+        assert_eq!(&**envelope.frame(), frame_of(&want));
     }
+
+    // Through the publisher: what a subscriber is sent, and what a
+    // reconnect from before it is replayed.
+    let p = Publisher::new(ServerSeq::ZERO, 16);
+    let hub = Arc::new(Hub::default());
+    let sub = conn(1 << 20);
+    hub.add(&sub);
+    let mut sent = Vec::new();
+    for (channel, origin, _) in &cases {
+        let ch = ChannelUri::from(*channel);
+        let seq = p.publish(&ch, &hub, action_json, origin.as_ref(), None);
+        sent.push(expected(channel, origin.clone(), seq.get()));
+    }
+    let frames: Vec<String> = sub.drain_for_test().iter().map(|f| f.to_string()).collect();
+    assert_eq!(frames, sent.iter().map(|e| frame_of(e)).collect::<Vec<_>>());
+    let chans: Vec<(ChannelUri, Arc<Hub>)> = cases
+        .iter()
+        .map(|(c, _, _)| (ChannelUri::from(*c), hub.clone()))
+        .collect();
+    let Replay::Envelopes(replayed) =
+        p.replay_and_subscribe(ServerSeq::ZERO, &chans, &conn(1 << 20), usize::MAX, |_| {})
+    else {
+        panic!("the ring holds every envelope");
+    };
+    let replayed: Vec<&str> = replayed.iter().map(|e| &**e).collect();
+    assert_eq!(replayed, sent);
 }
 
 #[test]
