@@ -88,9 +88,9 @@ struct PrincipalBuckets {
 pub struct Rates(Arc<Mutex<PrincipalBuckets>>);
 
 impl Rates {
-    /// Full buckets from the configured limits, for a principal of its own
-    /// (a connection without authentication): nobody else draws on them,
-    /// and they go with the connection.
+    /// Full buckets from the configured limits. Held only by the caller —
+    /// as a connection without authentication holds its own, which go with
+    /// it — until handed to others ([`Principals::of`]).
     pub fn own(limits: &Limits, now: Instant) -> Self {
         Self(Arc::new(Mutex::new(PrincipalBuckets {
             // One action of the largest size always fits a full bucket.
@@ -134,11 +134,9 @@ pub struct Principals {
 }
 
 impl Principals {
-    /// Principal `key`'s buckets, full ones for a principal not seen before.
+    /// Principal `key`'s buckets, full ones for a principal not seen before
+    /// (asked once per connection, at its start).
     pub fn of(&self, key: &str, limits: &Limits, now: Instant) -> Rates {
-        if let Some(known) = self.buckets.get(key) {
-            return known.clone();
-        }
         self.buckets
             .entry(key.to_owned())
             .or_insert_with(|| Rates::own(limits, now))
