@@ -593,7 +593,7 @@ pub fn rejection_frame(
     let origin = serde_json::to_string(origin).unwrap_or_else(|_| "null".into());
     let reason = serde_json::to_string(reason).unwrap_or_else(|_| "\"\"".into());
     ByteString::from(format!(
-        "{{\"jsonrpc\":\"2.0\",\"method\":\"action\",\"params\":{{\"channel\":{channel},\"action\":{action_json},\"serverSeq\":{last_seq},\"origin\":{origin},\"rejectionReason\":{reason}}}}}"
+        "{ACTION_HEAD}{{\"channel\":{channel},\"action\":{action_json},\"serverSeq\":{last_seq},\"origin\":{origin},\"rejectionReason\":{reason}}}}}"
     ))
 }
 
