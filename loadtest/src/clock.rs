@@ -42,3 +42,104 @@ pub fn monotonic_ns() -> u64 {
     debug_assert_eq!(rc, 0, "CLOCK_MONOTONIC is always available on Linux");
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// A one-shot timer on the kernel's high-resolution clock (a `timerfd`),
+/// for the open-loop publishers. tokio's own timer rounds every deadline up
+/// to its next whole-millisecond tick, so an action stamped with its due
+/// time would leave 0–2 ms after it and carry that lateness into every
+/// receiver's latency, for every server alike; this one fires within the
+/// thread's timer slack (50 µs by default) of the due time.
+pub struct PreciseTimer {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+impl PreciseTimer {
+    /// A disarmed timer, registered with the current runtime.
+    pub fn new() -> std::io::Result<Self> {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: timerfd_create takes no pointers; a non-negative result is
+        // a fresh descriptor we own from here on.
+        let raw = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is open and nothing else owns it.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        // SAFETY: the `OwnedFd` keeps the descriptor open, and refers to
+        // the same timer, for as long as the `AsyncFd` that owns it lives.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }
+        .map_err(std::io::Error::from)?;
+        Ok(Self { fd })
+    }
+
+    /// Sleep until [`now_ns`] reads `ns` (returns at once when already past).
+    pub async fn sleep_until_ns(&self, ns: u64) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd as _;
+        let now = now_ns();
+        if ns <= now {
+            return Ok(());
+        }
+        // `now_ns` counts from an `Instant`, which on Linux is this same
+        // CLOCK_MONOTONIC: the due time is the machine's reading plus what is
+        // left of the wait.
+        let due = monotonic_ns() + (ns - now);
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (due / 1_000_000_000) as libc::time_t,
+                tv_nsec: (due % 1_000_000_000) as libc::c_long,
+            },
+        };
+        let fd = self.fd.get_ref().as_raw_fd();
+        // SAFETY: `spec` is a valid itimerspec and the old value is not asked
+        // for (null).
+        let rc = unsafe {
+            libc::timerfd_settime(fd, libc::TFD_TIMER_ABSTIME, &spec, std::ptr::null_mut())
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        loop {
+            let mut ready = self.fd.readable().await?;
+            let mut expirations = [0u8; 8];
+            // SAFETY: reads at most 8 bytes into a buffer of 8.
+            let n = unsafe { libc::read(fd, expirations.as_mut_ptr().cast(), 8) };
+            if n == 8 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::WouldBlock {
+                return Err(e);
+            }
+            ready.clear_ready();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_precise_timer_never_fires_early_and_can_be_rearmed() {
+        let timer = PreciseTimer::new().expect("timerfd");
+        for wait_ns in [2_000_000u64, 300_000, 5_000_000] {
+            let due = now_ns() + wait_ns;
+            timer.sleep_until_ns(due).await.expect("sleep");
+            assert!(now_ns() >= due, "woke before the due time");
+        }
+        // A due time already past returns at once, without arming.
+        let past = now_ns();
+        timer.sleep_until_ns(past).await.expect("past");
+    }
+}
