@@ -1,5 +1,7 @@
 //! A lean AHP client over raw WebSocket frames (tokio-tungstenite +
-//! serde_json): one small task per connection, so a process holds thousands.
+//! serde_json) for connecting, setup and control; once subscribed, a
+//! subscriber's socket is read by [`crate::readers`], so a process holds
+//! thousands and reads them cheaply.
 //! The official `ahp` client keeps a broadcast buffer per subscription, which
 //! is right for an application and too heavy for 10,000 sockets.
 

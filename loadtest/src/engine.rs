@@ -35,7 +35,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::clock::{now_ns, sleep_until_ns};
+use crate::clock::{now_ns, sleep_until_ns, PreciseTimer};
 use crate::conn::{Endpoint, Ws};
 use crate::proto::{self, EnvelopeLite};
 use crate::stats::{Integrity, Seen, SeqChecker, SeqOrder, ShardedCounter, ShardedHist};
@@ -195,6 +195,11 @@ impl Run {
     /// Tell every task to finish.
     pub fn stop(&self) {
         let _ = self.stop_tx.send(true);
+    }
+
+    /// Whether [`Run::stop`] has been called.
+    pub fn stopped(&self) -> bool {
+        *self.stop_rx.borrow()
     }
 
     /// A handle that resolves when [`Run::stop`] is called.
@@ -446,40 +451,6 @@ impl Receiver {
     }
 }
 
-/// Read frames into `rx` until the run stops or the socket ends.
-pub async fn receive(mut ws: Ws, mut rx: Receiver, run: Arc<Run>) -> (Receiver, Ws) {
-    let mut stop = run.stop_signal();
-    // One stop future for the whole loop, polled only when no frame is
-    // ready: a fresh `changed()` per frame costs a lock on the watch's
-    // waiter list shared by every receiver.
-    let stopped = stop.wait_for(|s| *s);
-    tokio::pin!(stopped);
-    loop {
-        tokio::select! {
-            biased;
-            m = ws.next() => match m {
-                Some(Ok(Message::Text(t))) => rx.on_text(&run, t.as_str(), now_ns()),
-                Some(Ok(Message::Close(f))) => {
-                    rx.closed = Some(format!("closed by the server: {f:?}"));
-                    break;
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    rx.closed = Some(e.to_string());
-                    break;
-                }
-                None => {
-                    rx.closed = Some("connection ended".into());
-                    break;
-                }
-            },
-            _ = &mut stopped => break,
-        }
-    }
-    rx.flush(&run);
-    (rx, ws)
-}
-
 /// A publisher about to start.
 pub struct Publisher {
     /// Global index.
@@ -563,9 +534,19 @@ impl Publisher {
                 // aligned schedules, P publishers would all fire at once and
                 // the burst, not the rate, would set the latency.
                 let phase = interval * self.index as f64 / run.pubs.len().max(1) as f64;
+                let timer = PreciseTimer::new();
                 for n in 1..=count {
                     let due = start_ns + (phase + (n - 1) as f64 * interval) as u64;
-                    sleep_until_ns(due).await;
+                    match &timer {
+                        Ok(t) => {
+                            if let Err(e) = t.sleep_until_ns(due).await {
+                                crate::progress::note(format!("publisher timer: {e}"));
+                                report.failed = true;
+                                break;
+                            }
+                        }
+                        Err(_) => sleep_until_ns(due).await,
+                    }
                     if *run.stop_rx.borrow() || run.halt.load(Ordering::Relaxed) {
                         break;
                     }
@@ -773,16 +754,20 @@ pub async fn connect_subscriber(ep: &Endpoint, plan: &SubPlan) -> anyhow::Result
     Ok((c.ws, rx))
 }
 
+/// A subscriber being read on a reading thread ([`crate::readers`]): yields
+/// its [`Receiver`] once the run stops or its socket ends.
+pub type Subscriber = tokio::sync::oneshot::Receiver<Receiver>;
+
 /// Connect many subscribers with at most `concurrency` handshakes at once,
-/// and start a reading task for each as soon as it is subscribed. Returns the
-/// tasks and the errors of those that failed.
+/// and hand each to a reading thread as soon as it is subscribed. Returns
+/// the subscribers and the errors of those that failed.
 pub async fn spawn_subscribers(
     ep: &Arc<Endpoint>,
     plans: Vec<SubPlan>,
     concurrency: usize,
     run: &Arc<Run>,
     what: &str,
-) -> (Vec<JoinHandle<(Receiver, Ws)>>, Vec<String>) {
+) -> (Vec<Subscriber>, Vec<String>) {
     spawn_subscribers_on(std::slice::from_ref(ep), plans, concurrency, run, what).await
 }
 
@@ -794,24 +779,23 @@ pub async fn spawn_subscribers_on(
     concurrency: usize,
     run: &Arc<Run>,
     what: &str,
-) -> (Vec<JoinHandle<(Receiver, Ws)>>, Vec<String>) {
+) -> (Vec<Subscriber>, Vec<String>) {
     let pb = crate::progress::count(plans.len() as u64, what);
-    let results: Vec<anyhow::Result<JoinHandle<(Receiver, Ws)>>> =
-        futures_util::stream::iter(plans)
-            .map(|plan| {
-                let ep = endpoints[plan.node % endpoints.len()].clone();
-                let run = run.clone();
-                let pb = pb.clone();
-                async move {
-                    let r = connect_subscriber(&ep, &plan).await;
-                    pb.inc(1);
-                    let (ws, rx) = r?;
-                    Ok(tokio::spawn(receive(ws, rx, run)))
-                }
-            })
-            .buffer_unordered(concurrency.max(1))
-            .collect()
-            .await;
+    let results: Vec<anyhow::Result<Subscriber>> = futures_util::stream::iter(plans)
+        .map(|plan| {
+            let ep = endpoints[plan.node % endpoints.len()].clone();
+            let run = run.clone();
+            let pb = pb.clone();
+            async move {
+                let r = connect_subscriber(&ep, &plan).await;
+                pb.inc(1);
+                let (ws, rx) = r?;
+                crate::readers::adopt(ws, rx, run)
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
     pb.finish_and_clear();
     let mut tasks = Vec::new();
     let mut errors = Vec::new();
@@ -949,7 +933,7 @@ impl Drop for PublisherThread {
 pub async fn publish_and_collect(
     run: Arc<Run>,
     publishers: Vec<(Publisher, Ws)>,
-    subscribers: Vec<JoinHandle<(Receiver, Ws)>>,
+    subscribers: Vec<Subscriber>,
     timing: PhaseTiming,
 ) -> anyhow::Result<Outcome> {
     let start_ns = now_ns() + 200_000_000;
@@ -1065,8 +1049,7 @@ pub async fn publish_and_collect(
     let mut closed_early = 0;
     let mut close_reasons = Vec::new();
     for t in subscribers {
-        let (rx, ws) = t.await.context("subscriber task")?;
-        drop(ws);
+        let rx = t.await.context("a subscriber's reading thread ended")?;
         integrity.add(rx.integrity(&run));
         if let Some(r) = &rx.closed {
             closed_early += 1;

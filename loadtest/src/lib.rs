@@ -8,6 +8,7 @@
 //! | [`conn`] | lean raw AHP client (tokio-tungstenite + serde_json) |
 //! | [`proto`] | hand-built frames and the send-time stamp every action carries |
 //! | [`engine`] | open/closed-loop publishers, checking receivers, the phase runner |
+//! | [`readers`] | the subscribers' reading threads (epoll, one `recv` per readiness) |
 //! | [`stats`] | HDR latency histograms; loss / duplicate / order checker |
 //! | [`report`] | result JSON, terminal table, latency SVG |
 //! | [`server`] | the server under test: spawned child, in-process, or `--url` |
@@ -25,6 +26,7 @@ pub mod engine;
 pub mod nats;
 pub mod progress;
 pub mod proto;
+pub mod readers;
 pub mod report;
 pub mod scenarios;
 pub mod server;

@@ -49,7 +49,8 @@ struct Cli {
     /// Exit with status 2 when a target of the issue is missed.
     #[arg(long, global = true)]
     strict: bool,
-    /// Worker threads of the load generator's runtime [default: cores].
+    /// Worker threads of the load generator's runtime, and its subscribers'
+    /// reading threads [default: cores].
     #[arg(long, global = true)]
     threads: Option<usize>,
     #[command(flatten)]
@@ -133,6 +134,7 @@ fn main() -> ExitCode {
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = cli.threads {
         rt.worker_threads(n.max(1));
+        tandem_loadtest::readers::set_threads(n);
     }
     let rt = match rt.enable_all().build() {
         Ok(rt) => rt,
