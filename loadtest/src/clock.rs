@@ -115,6 +115,9 @@ impl PreciseTimer {
             // SAFETY: reads at most 8 bytes into a buffer of 8.
             let n = unsafe { libc::read(fd, expirations.as_mut_ptr().cast(), 8) };
             if n == 8 {
+                // Disarmed until the next call arms it: the next wait is for
+                // the kernel's next edge, not this one.
+                ready.clear_ready();
                 return Ok(());
             }
             let e = std::io::Error::last_os_error();

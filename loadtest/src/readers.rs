@@ -38,6 +38,8 @@ const WAKE: u64 = u64::MAX;
 const STOP_CHECK_NS: u64 = 10_000_000;
 /// Bytes read per `recv`.
 const READ_CHUNK: usize = 64 * 1024;
+/// Largest frame or message accepted (as `conn::ws_config` allows).
+const MAX_MESSAGE: u64 = 256 << 20;
 
 static THREADS: OnceLock<usize> = OnceLock::new();
 static POOL: OnceLock<Vec<Arc<Thread>>> = OnceLock::new();
@@ -61,7 +63,42 @@ struct Adopted {
 struct Thread {
     epoll: OwnedFd,
     wake: OwnedFd,
-    inbox: Mutex<Vec<Adopted>>,
+    /// Subscribers not yet picked up, and whether the thread has ended (it
+    /// takes no more once it has: see [`Ending`]).
+    inbox: Mutex<Inbox>,
+}
+
+#[derive(Default)]
+struct Inbox {
+    waiting: Vec<Adopted>,
+    ended: bool,
+}
+
+impl Thread {
+    fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Marks a reading thread ended however it ends (its `epoll` failed, or a
+/// panic): subscribers still waiting for it are handed back at once with
+/// the reason, and later ones go to no thread, so nobody waits on a thread
+/// that is gone. Those it was reading are handed back by the loop, or
+/// dropped by the unwinding (their oneshot then reports the thread gone).
+struct Ending<'a>(&'a Thread);
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        let waiting = {
+            let mut inbox = self.0.inbox();
+            inbox.ended = true;
+            std::mem::take(&mut inbox.waiting)
+        };
+        for mut a in waiting {
+            a.rx.closed = Some("the reading thread ended".into());
+            let _ = a.done.send(a.rx);
+        }
+    }
 }
 
 /// Move a connected, subscribed socket to a reading thread; the returned
@@ -82,15 +119,18 @@ pub fn adopt(ws: Ws, rx: Receiver, run: Arc<Run>) -> anyhow::Result<oneshot::Rec
     let (done, result) = oneshot::channel();
     let pool = pool()?;
     let t = &pool[NEXT.fetch_add(1, Ordering::Relaxed) % pool.len()];
-    t.inbox
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(Adopted {
+    {
+        let mut inbox = t.inbox();
+        if inbox.ended {
+            anyhow::bail!("the reading thread has ended");
+        }
+        inbox.waiting.push(Adopted {
             stream,
             rx,
             run,
             done,
         });
+    }
     let one = 1u64.to_ne_bytes();
     // SAFETY: writes 8 bytes from a buffer of 8 to an eventfd we own.
     let n = unsafe { libc::write(t.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
@@ -140,7 +180,7 @@ fn start(i: usize) -> anyhow::Result<Arc<Thread>> {
     let t = Arc::new(Thread {
         epoll,
         wake,
-        inbox: Mutex::new(Vec::new()),
+        inbox: Mutex::new(Inbox::default()),
     });
     let mine = t.clone();
     std::thread::Builder::new()
@@ -174,6 +214,7 @@ struct Conn {
 }
 
 fn run_thread(t: &Thread) {
+    let _ending = Ending(t);
     let mut conns: Vec<Option<Conn>> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
@@ -226,7 +267,12 @@ fn run_thread(t: &Thread) {
         if now - last_check >= STOP_CHECK_NS {
             last_check = now;
             for (k, slot) in conns.iter_mut().enumerate() {
-                if slot.as_ref().is_some_and(|c| c.a.run.stopped()) {
+                // Its run stopped, or nobody waits for it any more (a
+                // scenario that failed before stopping its run).
+                if slot
+                    .as_ref()
+                    .is_some_and(|c| c.a.run.stopped() || c.a.done.is_closed())
+                {
                     if let Some(c) = slot.take() {
                         free.push(k);
                         finish(t, c, None);
@@ -241,7 +287,7 @@ fn adopt_new(t: &Thread, conns: &mut Vec<Option<Conn>>, free: &mut Vec<usize>) {
     let mut count = [0u8; 8];
     // SAFETY: reads at most 8 bytes into a buffer of 8.
     let _ = unsafe { libc::read(t.wake.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
-    let new = std::mem::take(&mut *t.inbox.lock().unwrap_or_else(|p| p.into_inner()));
+    let new = std::mem::take(&mut t.inbox().waiting);
     for a in new {
         let k = free.pop().unwrap_or_else(|| {
             conns.push(None);
@@ -307,9 +353,11 @@ fn frames(c: &mut Conn, data: &[u8], now: u64) -> Result<usize, String> {
             Err(e) => return Err(format!("bad frame from the server: {e}")),
         };
         let start = pos + cur.position() as usize;
-        let Some(end) = usize::try_from(len).ok().and_then(|l| start.checked_add(l)) else {
-            return Err(format!("frame of {len} bytes"));
-        };
+        let end = usize::try_from(len)
+            .ok()
+            .filter(|_| len <= MAX_MESSAGE)
+            .and_then(|l| start.checked_add(l))
+            .ok_or_else(|| format!("a frame of {len} bytes (at most {MAX_MESSAGE})"))?;
         if end > data.len() {
             return Ok(pos);
         }
@@ -343,13 +391,16 @@ fn frame(c: &mut Conn, header: &FrameHeader, payload: &[u8], now: u64) -> Result
                 return Err("a continuation frame outside a message".into());
             };
             so_far.extend_from_slice(payload);
+            if so_far.len() as u64 > MAX_MESSAGE {
+                return Err(format!("a message over {MAX_MESSAGE} bytes"));
+            }
             if header.is_final {
                 if let Some((true, whole)) = c.message.take() {
                     text(c, &whole, now)?;
                 }
             }
         }
-        OpCode::Control(Control::Ping) => pong(c, payload),
+        OpCode::Control(Control::Ping) => pong(c, payload)?,
         OpCode::Control(Control::Pong) => {}
         OpCode::Control(Control::Close) => {
             let code = payload
@@ -371,15 +422,23 @@ fn text(c: &mut Conn, payload: &[u8], now: u64) -> Result<(), String> {
 }
 
 /// Answer a ping; a client's frames are masked (RFC 6455 §5.3).
-fn pong(c: &mut Conn, payload: &[u8]) {
+fn pong(c: &mut Conn, payload: &[u8]) -> Result<(), String> {
     let mut f = Frame::pong(payload.to_vec());
     // Any key will do on loopback; the clock's low bits vary per pong.
     f.header_mut().mask = Some((now_ns() as u32).to_ne_bytes());
     let mut out = Vec::with_capacity(payload.len() + 8);
-    if f.format(&mut out).is_ok() {
-        // A pong that does not fit the socket's buffer is dropped: the
-        // server pings again.
-        let _ = (&c.a.stream).write(&out);
+    f.format(&mut out)
+        .map_err(|e| format!("formatting a pong: {e}"))?;
+    match (&c.a.stream).write(&out) {
+        Ok(n) if n == out.len() => Ok(()),
+        // A subscriber sends nothing else, so its socket's buffer is empty
+        // and a pong fits; if it ever did not, half a frame on the wire
+        // would garble the stream: the subscriber ends instead.
+        Ok(_) => Err("a pong did not fit the socket's send buffer".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            Err("a pong did not fit the socket's send buffer".into())
+        }
+        Err(e) => Err(format!("writing a pong: {e}")),
     }
 }
 
@@ -438,7 +497,9 @@ mod tests {
         let mut bytes = frame(TEXT, true, action(1, 1).as_bytes());
         bytes.extend(frame(TEXT, true, action(2, 2).as_bytes()));
         let mut buf = vec![0u8; READ_CHUNK];
-        for chunk in bytes.chunks(7) {
+        // One byte at a time: every header and payload is split at every
+        // point.
+        for chunk in bytes.chunks(1) {
             server.write_all(chunk).expect("write");
             read(&mut c, &mut buf).expect("read");
         }
@@ -462,7 +523,10 @@ mod tests {
         bytes.extend(frame(OpCode::Data(Data::Continue), true, b));
         server.write_all(&bytes).expect("write");
         let mut buf = vec![0u8; READ_CHUNK];
-        while c.a.rx.delivered == 0 {
+        for _ in 0..bytes.len() {
+            if c.a.rx.delivered > 0 {
+                break;
+            }
             read(&mut c, &mut buf).expect("read");
         }
         assert_eq!(c.a.rx.delivered, 1);
@@ -513,6 +577,15 @@ mod tests {
         server.write_all(&bytes).expect("write");
         let err = read(&mut c, &mut vec![0u8; READ_CHUNK]).expect_err("interleaved");
         assert!(err.contains("inside a fragmented one"), "{err}");
+
+        // A header announcing more than any message may hold ends the
+        // subscriber at once, rather than buffering forever.
+        let (mut c, mut server, _) = conn();
+        let mut huge = vec![0x81, 127];
+        huge.extend((MAX_MESSAGE + 1).to_be_bytes());
+        server.write_all(&huge).expect("write");
+        let err = read(&mut c, &mut vec![0u8; READ_CHUNK]).expect_err("too big");
+        assert!(err.contains("at most"), "{err}");
     }
 
     #[tokio::test]
