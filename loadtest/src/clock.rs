@@ -50,7 +50,7 @@ pub fn monotonic_ns() -> u64 {
 /// receiver's latency, for every server alike; this one fires within the
 /// thread's timer slack (50 µs by default) of the due time.
 pub struct PreciseTimer {
-    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    fd: tokio::io::unix::AsyncFd<std::fs::File>,
 }
 
 impl PreciseTimer {
@@ -69,8 +69,8 @@ impl PreciseTimer {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: `raw` is open and nothing else owns it.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
-        // SAFETY: the `OwnedFd` keeps the descriptor open, and refers to
+        let fd = unsafe { std::fs::File::from_raw_fd(raw) };
+        // SAFETY: the `File` keeps the descriptor open, and refers to
         // the same timer, for as long as the `AsyncFd` that owns it lives.
         let fd = unsafe {
             tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
@@ -111,20 +111,16 @@ impl PreciseTimer {
         }
         loop {
             let mut ready = self.fd.readable().await?;
-            let mut expirations = [0u8; 8];
-            // SAFETY: reads at most 8 bytes into a buffer of 8.
-            let n = unsafe { libc::read(fd, expirations.as_mut_ptr().cast(), 8) };
-            if n == 8 {
-                // Disarmed until the next call arms it: the next wait is for
-                // the kernel's next edge, not this one.
-                ready.clear_ready();
-                return Ok(());
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::WouldBlock {
-                return Err(e);
-            }
+            // The count of expirations; reading it disarms the timer until
+            // the next call arms it.
+            let read = std::io::Read::read(&mut self.fd.get_ref(), &mut [0u8; 8]);
+            // Either way the next wait is for the kernel's next edge.
             ready.clear_ready();
+            match read {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
         }
     }
 }

@@ -547,7 +547,7 @@ impl Publisher {
                         }
                         Err(_) => sleep_until_ns(due).await,
                     }
-                    if *run.stop_rx.borrow() || run.halt.load(Ordering::Relaxed) {
+                    if run.stopped() || run.halt.load(Ordering::Relaxed) {
                         break;
                     }
                     report.max_behind_ns = report.max_behind_ns.max(now_ns().saturating_sub(due));
@@ -575,7 +575,7 @@ impl Publisher {
                 let mut last_done = 0;
                 'outer: while n < limit
                     && now_ns() < until
-                    && !*run.stop_rx.borrow()
+                    && !run.stopped()
                     && !run.halt.load(Ordering::Relaxed)
                 {
                     // Wait for room in the window and a free slot.

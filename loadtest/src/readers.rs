@@ -62,7 +62,8 @@ struct Adopted {
 /// One reading thread's mailbox.
 struct Thread {
     epoll: OwnedFd,
-    wake: OwnedFd,
+    /// An `eventfd`: eight bytes written wake the thread.
+    wake: std::fs::File,
     /// Subscribers not yet picked up, and whether the thread has ended (it
     /// takes no more once it has: see [`Ending`]).
     inbox: Mutex<Inbox>,
@@ -131,12 +132,9 @@ pub fn adopt(ws: Ws, rx: Receiver, run: Arc<Run>) -> anyhow::Result<oneshot::Rec
             done,
         });
     }
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: writes 8 bytes from a buffer of 8 to an eventfd we own.
-    let n = unsafe { libc::write(t.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
-    if n != 8 {
-        return Err(std::io::Error::last_os_error()).context("waking a reading thread");
-    }
+    (&t.wake)
+        .write_all(&1u64.to_ne_bytes())
+        .context("waking a reading thread")?;
     Ok(result)
 }
 
@@ -174,7 +172,7 @@ fn start(i: usize) -> anyhow::Result<Arc<Thread>> {
         return Err(std::io::Error::last_os_error()).context("creating a reading thread's epoll");
     }
     // SAFETY: both are open and owned by nothing else.
-    let (epoll, wake) = unsafe { (OwnedFd::from_raw_fd(ep), OwnedFd::from_raw_fd(ev)) };
+    let (epoll, wake) = unsafe { (OwnedFd::from_raw_fd(ep), std::fs::File::from_raw_fd(ev)) };
     ctl(&epoll, libc::EPOLL_CTL_ADD, wake.as_raw_fd(), WAKE)
         .context("watching a reading thread's eventfd")?;
     let t = Arc::new(Thread {
@@ -257,26 +255,20 @@ fn run_thread(t: &Thread) {
                 continue;
             };
             if let Err(reason) = read(c, &mut buf) {
-                if let Some(c) = conns[k].take() {
-                    free.push(k);
-                    finish(t, c, Some(reason));
-                }
+                end(t, &mut conns, &mut free, k, Some(reason));
             }
         }
         let now = now_ns();
         if now - last_check >= STOP_CHECK_NS {
             last_check = now;
-            for (k, slot) in conns.iter_mut().enumerate() {
+            for k in 0..conns.len() {
                 // Its run stopped, or nobody waits for it any more (a
                 // scenario that failed before stopping its run).
-                if slot
+                if conns[k]
                     .as_ref()
                     .is_some_and(|c| c.a.run.stopped() || c.a.done.is_closed())
                 {
-                    if let Some(c) = slot.take() {
-                        free.push(k);
-                        finish(t, c, None);
-                    }
+                    end(t, &mut conns, &mut free, k, None);
                 }
             }
         }
@@ -284,9 +276,8 @@ fn run_thread(t: &Thread) {
 }
 
 fn adopt_new(t: &Thread, conns: &mut Vec<Option<Conn>>, free: &mut Vec<usize>) {
-    let mut count = [0u8; 8];
-    // SAFETY: reads at most 8 bytes into a buffer of 8.
-    let _ = unsafe { libc::read(t.wake.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+    // Reset the eventfd's count (level-triggered: else it stays ready).
+    let _ = (&t.wake).read(&mut [0u8; 8]);
     let new = std::mem::take(&mut t.inbox().waiting);
     for a in new {
         let k = free.pop().unwrap_or_else(|| {
@@ -305,6 +296,20 @@ fn adopt_new(t: &Thread, conns: &mut Vec<Option<Conn>>, free: &mut Vec<usize>) {
             continue;
         }
         conns[k] = Some(c);
+    }
+}
+
+/// Stop reading the subscriber in slot `k` and free the slot.
+fn end(
+    t: &Thread,
+    conns: &mut [Option<Conn>],
+    free: &mut Vec<usize>,
+    k: usize,
+    closed: Option<String>,
+) {
+    if let Some(c) = conns[k].take() {
+        free.push(k);
+        finish(t, c, closed);
     }
 }
 
