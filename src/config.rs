@@ -8,6 +8,7 @@ use crate::store::Durability;
 pub mod agents;
 pub mod cli;
 
+pub use crate::transport::tls::TlsFiles;
 pub use agents::AgentSpec;
 
 /// How the server runs. `Default` is what `tandem serve` uses without flags.
@@ -65,7 +66,7 @@ pub struct Config {
     /// node (and the root channel) are spread over.
     pub actor_threads: usize,
     /// Threads besides the publishing one that write shares of a room of
-    /// at least twice [`crate::publish::FANOUT_MIN_SHARE`] subscribers.
+    /// at least twice [`crate::transport::FANOUT_MIN_SHARE`] subscribers.
     pub fanout_threads: usize,
     /// Batch the socket writes of a room's connections in io_uring
     /// submissions (Linux, where the kernel allows it).
@@ -82,16 +83,6 @@ pub struct Config {
     /// Serve `https://` and `wss://` with this certificate (`None`: plain
     /// HTTP, for loopback or behind a proxy that does TLS).
     pub tls: Option<TlsFiles>,
-}
-
-/// TLS: the certificate chain and its key, as PEM files
-/// (`--tls-cert`, `--tls-key`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// PEM certificate chain, the server's certificate first.
-    pub cert: PathBuf,
-    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
-    pub key: PathBuf,
 }
 
 /// Per-server, per-token and per-connection limits. Each names what a client

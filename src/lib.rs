@@ -7,12 +7,13 @@
 //! |---|---|
 //! | [`protocol`] | JSON-RPC framing, method names, error codes |
 //! | [`channels`] | root, session and chat actors; their one commit path (`channels::commit`); the application context (`channels::context`); the registry and the calls a connection makes on a channel (`channels::addr`); validation rules; session roll-up; the agent API a chat calls (`channels::agent`); on a cluster node, following another node's channels and forwarding to it (`channels::commit`, `channels::forward`) |
-//! | [`publish`] | `serverSeq` (reserved in blocks before use), ordered fan-out (big rooms written on several threads), replay ring, byte-bounded outbound queues |
+//! | [`publish`] | `serverSeq` (reserved in blocks before use), the replay ring, each channel's subscribers, and publishing an envelope to them in order |
+//! | [`transport`] | everything between a TCP socket and an AHP message: listening, the WebSocket taken over from the HTTP dispatcher, frames in and out, each connection's byte-bounded queue with its pacing and liveness, io_uring batches, writing a big room from several threads, the heartbeat, TLS |
 //! | [`store`] | the `Journal` trait between actors and storage; SQLite (schema, group-commit writer, recovery), NATS JetStream (`--cluster`: stream, buckets, leases and fencing, the link to the other nodes) and in-memory journals; the cluster seam (`store::cluster`) |
 //! | [`coedit`] | several people typing in one text at once: operations (retain / insert / delete), their transformation, the authority's copy of a text and an editor's |
 //! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements; form and link rules; the approval policy as pure functions (`interactions::policy`) |
 //! | [`providers`] | agents behind the host (implementing `channels::agent`): provider connections, the built-in `scripted` agent, operator-declared ACP agents (`providers::acp`: the process, the update mapping, permissions) |
-//! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, the socket's reader and writer, `/healthz`, `/metrics`, `/admin/overview`, TLS in front of the HTTP server (`server::tls`), the embedded browser client (`web/`) at `/`; the transport's own tables (tokens, open connections, rate buckets); a cluster node's part in the cluster (`server::cluster`) |
+//! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, `/healthz`, `/metrics`, `/admin/overview`, the embedded browser client (`web/`) at `/`; the server's own tables (tokens, open connections, rate buckets); a cluster node's part in the cluster (`server::cluster`) |
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`metrics`] | what `/metrics` exports: every series registered once on the server's own recorder, counted through handles |
 //! | [`config`] | tunables and limits; the command line and the config file (`config::cli`: every flag a key, flags over the file) |
@@ -26,17 +27,19 @@
 //! nothing of the crate:
 //!
 //! ```text
-//! server    ──► providers, channels, metrics, coedit, interactions, publish, store, protocol, auth, rate, config
-//! providers ──► channels, interactions, publish, store, protocol, auth, config, time
-//! channels  ──► metrics, coedit, interactions, publish, store, protocol, auth, config, time
-//! metrics   ──► publish, store
-//! rate      ──► config ──► store, auth
-//! interactions, publish, store, protocol, auth, time, coedit: nothing above them
+//! server    ──► providers, channels, metrics, coedit, interactions, publish, transport, store, protocol, auth, rate, config
+//! providers ──► channels, interactions, publish, transport, store, protocol, auth, config, time
+//! channels  ──► metrics, coedit, interactions, publish, transport, store, protocol, auth, config, time
+//! metrics   ──► transport, store
+//! publish   ──► transport
+//! rate      ──► config ──► store, auth, transport
+//! interactions, transport, store, protocol, auth, time, coedit: nothing above them
 //! ids: nothing (the bottom layer)
 //! ```
 //!
 //! `server` reaches channels only through `channels::addr` (it names no actor
-//! message); `providers` implements `channels::agent::AgentDirectory`, so the
+//! message); `publish` hands envelopes to subscribers' queues and knows
+//! nothing of sockets or frames (`transport` does); `providers` implements `channels::agent::AgentDirectory`, so the
 //! chat starts turns without knowing which kind of agent it has.
 //!
 //! The flow of one client action: a connection decodes `dispatchAction` and
@@ -60,6 +63,7 @@ pub mod rate;
 pub mod server;
 pub mod store;
 pub mod time;
+pub mod transport;
 
 pub use config::{Config, Limits};
 pub use server::run;

@@ -26,8 +26,9 @@ use crate::coedit::TextOp;
 use crate::ids::ChannelUri;
 use crate::interactions::{Interaction, Outcome, Settlement};
 use crate::protocol::RpcError;
-use crate::publish::{Hub, Outbound};
+use crate::publish::Hub;
 use crate::store::Recovered;
+use crate::transport::Outbound;
 
 /// A request's answer once its mailbox is known to be reachable: a gone
 /// actor is an internal error, the actor's own refusal passes through.

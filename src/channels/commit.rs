@@ -19,7 +19,7 @@ use super::core::{Accepted, ChannelCore, Forwarded};
 use super::forward::{ForwardReply, ForwardRequest};
 use super::validate::{action_type, Rejection};
 use super::{ClientDispatch, Dispatcher};
-use crate::publish::ServerSeq;
+use crate::ids::ServerSeq;
 use crate::store::{JournalError, Replicated, TurnRecord};
 
 /// How long a channel whose write the store refused waits before trying

@@ -15,7 +15,8 @@ use actix::prelude::*;
 use super::agent::AgentDirectory;
 use super::registry::Registry;
 use crate::config::Config;
-use crate::publish::{Publisher, SeqRefused, ServerSeq};
+use crate::ids::ServerSeq;
+use crate::publish::{Publisher, SeqRefused};
 use crate::store::{ClusterLink, Journal};
 
 /// Application context handed to every actor and connection.

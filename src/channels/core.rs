@@ -8,10 +8,10 @@ use ahp_types::actions::{ActionOrigin, StateAction};
 
 pub use super::context::Shared;
 use super::Dispatcher;
-use crate::ids::ChannelUri;
-use crate::ids::JournalPos;
-use crate::publish::{rejection_frame, Hub, Outbound, Push, ServerSeq};
+use crate::ids::{ChannelUri, JournalPos, ServerSeq};
+use crate::publish::{rejection_frame, Hub};
 use crate::store::{Batch, Journal, JournalError, Record, SnapshotRecord, TurnRecord};
+use crate::transport::{Outbound, Push};
 
 /// Wait until every write handed to `journal` so far is durable (a removal
 /// is queued like any write, and nobody waits on it otherwise).

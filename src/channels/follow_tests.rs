@@ -18,9 +18,9 @@ use super::session::GetSessionState;
 use super::testing::{self, TestAgents, TestJournal};
 use super::{ClientDispatch, Dispatcher, Replicate, Subscribe};
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
-use crate::publish::Outbound;
 use crate::store::cluster::{ClusterEvent, ClusterLink, ForwardHandler, LinkFuture};
 use crate::store::{Journal, JournalError, Replicated};
+use crate::transport::Outbound;
 
 /// A link on which this node owns nothing and every forward gets `reply`.
 struct FakeLink {

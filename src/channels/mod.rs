@@ -37,8 +37,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 
+use crate::ids::ServerSeq;
 use crate::protocol::RpcError;
-use crate::publish::{FlushOnDrop, Outbound, ServerSeq};
+use crate::transport::{FlushOnDrop, Outbound};
 
 pub use registry::{Channel, ChannelAddr, Registry};
 pub use validate::Rejection;

@@ -20,11 +20,12 @@ use super::root::{CreateSession, RootActor};
 use super::session::SessionActor;
 use super::Subscribe;
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
-use crate::publish::{Hub, Outbound};
+use crate::publish::Hub;
 use crate::store::{
     Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered,
     RecoveredChannel, TurnPage,
 };
+use crate::transport::Outbound;
 
 /// How long a test waits for anything before it fails.
 pub const WAIT: Duration = Duration::from_secs(10);

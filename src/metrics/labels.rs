@@ -1,7 +1,7 @@
 //! The label values the metrics use: classes of refusals, evictions,
 //! kinds and outcomes of requests for a person, and what waits now.
 
-use crate::publish::outbound::CloseCause;
+use crate::transport::CloseCause;
 
 /// Why an action was refused, as a small set of classes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

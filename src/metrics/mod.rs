@@ -17,8 +17,8 @@ use std::time::Duration;
 use metrics::{Counter, Gauge, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::publish::outbound::CloseCause;
 use crate::store::CommitMetrics;
+use crate::transport::CloseCause;
 
 mod labels;
 mod registrar;
@@ -325,13 +325,6 @@ impl Metrics {
         self.rejected[i].increment(1);
     }
 
-    /// A connection is closed for `cause`; counted when the server evicted it.
-    pub fn closed(&self, cause: &CloseCause) {
-        if let Some(i) = eviction(cause) {
-            self.evictions[i].increment(1);
-        }
-    }
-
     /// A `reconnect` was answered.
     pub fn reconnected(&self, answer: ReconnectAnswer) {
         match answer {
@@ -387,6 +380,19 @@ impl Metrics {
     }
 }
 
+impl crate::transport::Meter for Metrics {
+    fn sent(&self, bytes: u64) {
+        self.sent_bytes.increment(bytes);
+    }
+
+    /// Counted when the server evicted the connection.
+    fn closed(&self, cause: &CloseCause) {
+        if let Some(i) = eviction(cause) {
+            self.evictions[i].increment(1);
+        }
+    }
+}
+
 fn kind_index(kind: InteractionKind) -> usize {
     InteractionKind::ALL
         .iter()
@@ -397,6 +403,7 @@ fn kind_index(kind: InteractionKind) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::Meter as _;
 
     #[test]
     fn rejection_reasons_fall_into_their_classes() {

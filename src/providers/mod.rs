@@ -136,7 +136,7 @@ impl Providers {
     pub fn register_remote(
         &self,
         info: AgentInfo,
-        conn: Arc<crate::publish::Outbound>,
+        conn: Arc<crate::transport::Outbound>,
         principal: Principal,
         grace: std::time::Duration,
     ) -> Result<(), RegisterError> {
@@ -158,7 +158,7 @@ impl Providers {
     }
 
     /// The connection `conn` serving `provider` closed.
-    pub fn connection_closed(&self, provider: &str, conn: crate::publish::ConnId) {
+    pub fn connection_closed(&self, provider: &str, conn: crate::ids::ConnId) {
         if let Some(r) = self.remotes.get(provider).map(|r| r.clone()) {
             r.detach(conn);
         }

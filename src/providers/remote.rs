@@ -25,9 +25,9 @@ use serde_json::json;
 use super::{Agent, AgentTurn, ChatHandle};
 use crate::auth::Principal;
 use crate::channels::chat::chat_error;
-use crate::ids::ChannelUri;
+use crate::ids::{ChannelUri, ConnId};
 use crate::protocol::encode_notification;
-use crate::publish::{ConnId, Outbound, Push};
+use crate::transport::{Outbound, Push};
 
 /// The connection serving the provider, and who is on it.
 struct Serving {

@@ -1,5 +1,6 @@
-//! Ordered fan-out: the server-wide `serverSeq`, the replay ring, per-channel
-//! subscriber hubs and per-connection outbound queues.
+//! Ordered fan-out: the server-wide `serverSeq`, the replay ring and the
+//! per-channel subscriber hubs. What a subscriber is — a connection's
+//! queue, written to its socket — is the transport's ([`crate::transport`]).
 //!
 //! Invariant 2 (one order per connection) is kept by doing three things under
 //! one short critical section, the [`Publisher`] lock: assign the next
@@ -19,9 +20,7 @@
 //! that comes from another node gets snapshots. A single node numbers
 //! contiguously, as if alone in a cluster.
 
-mod fanout;
 mod numbering;
-pub mod outbound;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,13 +29,10 @@ use ahp_types::actions::ActionOrigin;
 use bytestring::ByteString;
 use parking_lot::Mutex;
 
-use crate::ids::ChannelUri;
-pub use crate::ids::{ConnId, ServerSeq};
-use fanout::Fanout;
-pub use fanout::MIN_SHARE as FANOUT_MIN_SHARE;
+use crate::ids::{ChannelUri, ConnId, ServerSeq};
+use crate::transport::{Fanout, Outbound, Push};
 use numbering::Numbering;
 pub use numbering::{Reserver, SeqRefused};
-pub use outbound::{FlushOnDrop, Outbound, Push};
 
 /// The subscribers of one channel. Shared between the channel's actor (which
 /// publishes) and reconnect handling (which re-registers under the publisher
@@ -289,7 +285,7 @@ pub struct Publisher {
     /// Counts every envelope pushed (`tandem_deliveries_total`): one add
     /// per action, by its number of receivers.
     deliveries: metrics::Counter,
-    /// Threads that write shares of big rooms ([`fanout`]).
+    /// Threads that write shares of big rooms ([`Fanout`]).
     fanout: Fanout,
 }
 

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::scrape::refusal;
 use super::AppState;
-use crate::publish::ConnId;
+use crate::ids::ConnId;
 
 /// `GET /admin/overview`.
 pub(super) async fn overview(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {

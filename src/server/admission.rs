@@ -15,7 +15,8 @@ use std::sync::{Arc, Weak};
 use dashmap::DashMap;
 use parking_lot::Mutex;
 
-use crate::publish::{ConnId, Outbound};
+use crate::ids::ConnId;
+use crate::transport::Outbound;
 
 /// Why an upgrade was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,6 +62,13 @@ pub struct OpenConn {
     pub since: std::time::Instant,
     /// Its `clientId`, once it sent `initialize` or `reconnect`.
     pub client_id: parking_lot::Mutex<Option<String>>,
+}
+
+impl AsRef<Outbound> for OpenConn {
+    /// What the heartbeat beats.
+    fn as_ref(&self) -> &Outbound {
+        &self.out
+    }
 }
 
 impl Connections {

@@ -15,15 +15,14 @@ use bytestring::ByteString;
 use serde_json::Value;
 
 use super::admission::Slot;
-use super::inbound::{Inbound, ReadError, Received};
-use super::socket::OnGone;
 use super::AppState;
 use crate::auth::Principal;
 use crate::ids::{ChannelUri, ClientId};
 use crate::protocol::methods as m;
 use crate::protocol::{self, errors, Incoming, RpcError};
-use crate::publish::outbound::CloseCause;
-use crate::publish::{FlushOnDrop, Outbound, Push};
+use crate::transport::{
+    CloseCause, FlushOnDrop, Inbound, OnGone, Outbound, Push, ReadError, Received,
+};
 
 /// Connection state (lives as long as the socket).
 pub struct Connection {

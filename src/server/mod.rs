@@ -11,15 +11,13 @@
 //! | `subscribe` | `subscribe`, `initialize`, `reconnect` |
 //! | `provide` | a provider connection's `tandem/*` calls |
 //! | [`params`] | the params of `tandem/*` methods |
-//! | `socket` | the upgraded TCP stream: direct writes, the writer task, the reader; close frames; the heartbeat |
-//! | `inbound` | the client's frames: decoded, reassembled, within the frame limit |
 //! | `scrape` | `GET /metrics` (admin token when auth is on) |
 //! | `admin` | `GET /admin/overview`: connections and waiting requests for the web client's admin view |
 //!
 //! The arrows point one way: `upgrade` → `connection` → `routes` /
-//! `subscribe` / `provide` → [`crate::channels`]; `upgrade` and
-//! `connection` → `socket` / `inbound`, which report through a callback and
-//! a stream and know no actor.
+//! `subscribe` / `provide` → [`crate::channels`]; the socket, its frames and
+//! TLS are [`crate::transport`]'s, which reports through a callback and a
+//! stream and knows no actor.
 //! The server's own tables (tokens, connections, rate buckets) live in
 //! [`AppState`], not in the channels' context.
 
@@ -28,16 +26,13 @@ mod admin;
 pub mod admission;
 mod cluster;
 pub mod connection;
-mod inbound;
 pub mod params;
 mod presence;
 mod provide;
 mod routes;
 mod scrape;
-mod socket;
 mod subscribe;
 mod texts;
-pub mod tls;
 pub mod upgrade;
 #[path = "web.rs"]
 pub mod web_ui;
@@ -59,9 +54,11 @@ use crate::config::Config;
 use crate::providers::acp::AcpAgent;
 use crate::providers::scripted::ScriptedAgent;
 use crate::providers::Providers;
-use crate::publish::outbound::CloseCause;
 use crate::rate::Principals;
 use crate::store::{Journal, MemoryJournal, SqliteJournal};
+use crate::transport::listen::{bind, tune_socket};
+use crate::transport::tls;
+use crate::transport::CloseCause;
 
 /// What the HTTP handlers and connections need: the channels' context and
 /// the server's own tables.
@@ -131,6 +128,9 @@ pub fn check_config(config: &Config, addr: SocketAddr) -> Result<Checked, StartE
     Ok(Checked { auth, origins, tls })
 }
 
+/// `GET /healthz`: the process lives and serves HTTP (liveness: 200 for as
+/// long as it can answer), with the server's own figures. Whether it can do
+/// its work is `/readyz`'s.
 async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     let mut body = serde_json::json!({
         "status": "ok",
@@ -156,34 +156,6 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
         });
     }
     HttpResponse::Ok().json(body)
-}
-
-/// Pending connections the kernel queues before `accept`: a reconnect storm
-/// of thousands of clients must not overflow it (the default is 128).
-pub const LISTEN_BACKLOG: i32 = 4096;
-
-/// Bind a listening socket on `addr` with a deep accept backlog.
-pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    use socket2::{Domain, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(LISTEN_BACKLOG)?;
-    Ok(socket.into())
-}
-
-/// Per-connection socket options: no Nagle delay (envelopes are small and
-/// the server does its own write pacing), and let the kernel drop a peer
-/// that acknowledges nothing we send — not even zero-window probes — for
-/// `idle_timeout`, so a client that stopped reading cannot pin a socket.
-fn tune_socket(tcp: &actix_web::rt::net::TcpStream, idle_timeout: std::time::Duration) {
-    let _ = tcp.set_nodelay(true);
-    #[cfg(target_os = "linux")]
-    {
-        let _ = socket2::SockRef::from(tcp).set_tcp_user_timeout(Some(idle_timeout));
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = idle_timeout;
 }
 
 /// The HTTP server: actix-web serves the web client and `/healthz`; every
@@ -390,8 +362,9 @@ where
                         metrics.upkeep();
                     }
                 });
-                actix::spawn(socket::heartbeat(
-                    state.connections.clone(),
+                let open = state.connections.clone();
+                actix::spawn(crate::transport::heartbeat(
+                    move |slices| open.by_slot(slices),
                     config.heartbeat_interval,
                     config.idle_timeout,
                 ));

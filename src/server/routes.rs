@@ -25,7 +25,7 @@ use crate::channels::{ChannelAddr, DispatchConn};
 use crate::protocol::action::decode_dispatch;
 use crate::protocol::methods::{self as m, decode_params};
 use crate::protocol::{errors, Incoming, RpcError};
-use crate::publish::Push;
+use crate::transport::Push;
 
 impl Connection {
     /// Handle one message (`frame_bytes` long); an `Err` is answered at once

@@ -17,10 +17,10 @@ use serde_json::Value;
 
 use super::connection::Connection;
 use crate::channels::SnapshotJson;
-use crate::ids::ChannelUri;
+use crate::ids::{ChannelUri, ServerSeq};
 use crate::metrics::ReconnectAnswer;
 use crate::protocol::{self, errors, RpcError};
-use crate::publish::{Replay, ServerSeq};
+use crate::publish::Replay;
 
 /// `result` of `initialize`, with snapshots spliced in pre-serialized.
 #[derive(Serialize)]

@@ -6,7 +6,7 @@
 //! client that cannot read close frames still learns why.
 //!
 //! The HTTP/1 dispatcher hands every WebSocket upgrade to [`serve`] with its
-//! socket; from then on the socket is ours ([`super::socket`]), and the
+//! socket; from then on the socket is ours ([`Upgraded`]), and the
 //! dispatcher and its buffers are gone.
 
 use std::io;
@@ -22,12 +22,10 @@ use futures_util::SinkExt;
 
 use super::admission::{Refused, Slot};
 use super::connection::Connection;
-use super::inbound::Inbound;
-use super::socket::{self, Reader, Socket};
 use super::AppState;
 use crate::auth::{AuthError, Principal};
 use crate::protocol::errors;
-use crate::publish::Outbound;
+use crate::transport::{Outbound, Upgraded};
 
 /// A WebSocket upgrade handed over by the HTTP/1 dispatcher with its
 /// socket: `/ahp` becomes a connection (after [`admit`]); any other path is
@@ -57,9 +55,8 @@ pub async fn serve(
     framed
         .send(h1::Message::Item((res.drop_body(), BodySize::None)))
         .await?;
-    let parts = framed.into_parts();
-    let peer = parts.io.peer_addr().ok();
-    let socket = Socket::new(parts.io, state.shared.metrics.clone());
+    let upgraded = Upgraded::take_over(framed, state.shared.metrics.clone());
+    let peer = upgraded.peer();
     state.shared.metrics.connections_opened.increment(1);
     let cfg = &state.shared.config;
     let (pacing, limit) = (cfg.write_pacing, cfg.max_frame_bytes);
@@ -70,7 +67,7 @@ pub async fn serve(
             .then(|| principal.sessions.clone())
             .flatten(),
     ));
-    out.attach(socket.clone(), pacing);
+    let (inbound, writer) = upgraded.serve(&out, pacing, limit);
     slot.open(out.clone(), principal.role);
     tracing::info!(
         conn = %out.id(),
@@ -79,13 +76,8 @@ pub async fn serve(
         peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
         "connection opened"
     );
-    let inbound = Inbound::new(Reader::new(socket.clone(), parts.read_buf.freeze()), limit);
-    let on_gone = Connection::start(state, out.clone(), principal, slot, inbound);
-    let writer = actix_web::rt::spawn(socket::writer(out.clone(), socket, on_gone));
-    // A connection whose peer never takes its close: stop writing (the
-    // writer's end lets the connection go).
-    let abort = writer.abort_handle();
-    out.set_on_abandon(move || abort.abort());
+    let on_gone = Connection::start(state, out, principal, slot, inbound);
+    writer.spawn(on_gone);
     Ok(())
 }
 

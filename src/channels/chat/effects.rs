@@ -13,8 +13,8 @@ use crate::channels::agent::AgentTurn;
 use crate::channels::commit::ChannelActor;
 use crate::channels::rollup;
 use crate::channels::session::{ChatSummaryChanged, GrantTool, RollupChanged, TurnCheckpoint};
+use crate::ids::ServerSeq;
 use crate::interactions::{form, policy, Outcome, Settlement};
-use crate::publish::ServerSeq;
 use crate::time::now_rfc3339;
 
 impl ChatActor {

@@ -55,10 +55,10 @@ use super::session::SessionActor;
 use super::validate::{self, Rejection};
 use super::ClientDispatch;
 use crate::coedit::TextDoc;
-use crate::ids::ChannelUri;
+use crate::ids::{ChannelUri, ServerSeq};
 use crate::interactions::{policy, Outcome, Settlement};
 use crate::metrics::InteractionKind;
-use crate::publish::{Hub, ServerSeq};
+use crate::publish::Hub;
 use crate::store::TurnRecord;
 use crate::time::{millis_since, now_rfc3339};
 

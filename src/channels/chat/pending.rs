@@ -6,7 +6,7 @@ use ahp_types::state::{SessionInputRequest, ToolCallConfirmationState};
 
 use super::ChatActor;
 use crate::channels::rollup;
-use crate::publish::ServerSeq;
+use crate::ids::ServerSeq;
 
 /// One unsettled interaction, for `tandem/listPending`.
 #[derive(Debug, Clone, serde::Serialize)]

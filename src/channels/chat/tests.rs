@@ -17,8 +17,7 @@ use crate::channels::testing::{self, TestAgents, TestJournal, WAIT};
 use crate::channels::ClientDispatch;
 use crate::channels::{DispatchConn, Dispatcher};
 use crate::interactions::{Interaction, Outcome};
-use crate::publish::outbound::tests::FakeWire;
-use crate::publish::{Outbound, Push};
+use crate::transport::{FakeWire, Outbound, Push};
 
 fn dispatch(conn: &Arc<Outbound>, seq: i64, action: serde_json::Value) -> ClientDispatch {
     let action: StateAction = serde_json::from_value(action).expect("an action");

@@ -20,9 +20,9 @@ use super::core::{Accepted, ChannelCore, Shared};
 use super::session::SessionActor;
 use super::validate;
 use super::{ClientDispatch, SnapshotJson, Subscribe};
-use crate::ids::ChannelUri;
+use crate::ids::{ChannelUri, ServerSeq};
 use crate::protocol::{encode_notification, RpcError};
-use crate::publish::{Hub, ServerSeq};
+use crate::publish::Hub;
 
 /// The root channel.
 pub struct RootActor {

@@ -32,9 +32,9 @@ use super::recovery::{self, Rebuilt};
 use super::root::{RootActor, SessionSummaryChanged};
 use super::validate::{self, Rejection};
 use super::ClientDispatch;
-use crate::ids::ChannelUri;
+use crate::ids::{ChannelUri, ServerSeq};
 use crate::interactions::policy;
-use crate::publish::{Hub, ServerSeq};
+use crate::publish::Hub;
 use crate::time::now_rfc3339;
 
 /// One session channel.

@@ -1,16 +1,17 @@
 //! Writing a room: the publisher's and the helpers' shares, each
 //! connection's order, and the author's echo first.
 use super::*;
+use crate::transport::{fanout_shares, FakeWire, Wire, FANOUT_MAX_BACKLOG, FANOUT_MIN_SHARE};
 
 /// A connection and the socket it writes to.
-type Wired = (Arc<Outbound>, Arc<outbound::tests::FakeWire>);
+type Wired = (Arc<Outbound>, Arc<FakeWire>);
 
 /// A room of `n` connections, each writing to a socket that takes everything.
 fn wired_room(n: usize) -> (Hub, Vec<Wired>) {
     let hub = Hub::default();
     let conns = (0..n)
         .map(|_| {
-            let wire = outbound::tests::FakeWire::with_room(usize::MAX);
+            let wire = FakeWire::with_room(usize::MAX);
             let o = conn(1 << 20);
             o.attach(wire.clone(), std::time::Duration::ZERO);
             hub.add(&o);
@@ -20,7 +21,7 @@ fn wired_room(n: usize) -> (Hub, Vec<Wired>) {
     (hub, conns)
 }
 
-fn written_seqs(wire: &outbound::tests::FakeWire) -> Vec<u64> {
+fn written_seqs(wire: &FakeWire) -> Vec<u64> {
     wire.texts()
         .iter()
         .map(|t| {
@@ -58,7 +59,7 @@ fn a_big_room_is_written_by_the_publisher_and_a_fanout_thread_each_connection_in
     wait_until("every connection gets all 20 envelopes", || {
         all_written(&conns, 20)
     });
-    let own = fanout::shares(n, 1)[0].clone();
+    let own = fanout_shares(n, 1)[0].clone();
     assert_eq!(own, 0..n / 2, "two shares, the publisher's first");
     let me = std::thread::current().id();
     for (i, (_, wire)) in conns.iter().enumerate() {
@@ -94,7 +95,7 @@ fn rooms_that_need_fewer_helpers_than_there_are_take_turns_among_them() {
         wait_until(&format!("envelope {i} written"), || all_written(&conns, i));
     }
     let me = std::thread::current().id();
-    let helper_share = fanout::shares(n, 3)[1].clone();
+    let helper_share = fanout_shares(n, 3)[1].clone();
     for i in helper_share {
         let writers = conns[i].1.writers();
         assert_eq!(writers.len(), 6, "connection {i}: one write per envelope");
@@ -132,7 +133,7 @@ fn a_room_under_two_shares_is_written_at_once_by_the_publisher() {
 
 #[test]
 fn rooms_are_cut_into_shares_of_at_least_the_minimum_one_per_thread_at_most() {
-    use fanout::shares;
+    let shares = fanout_shares;
     let m = FANOUT_MIN_SHARE;
     assert!(shares(0, 3).is_empty());
     assert_eq!(shares(2 * m - 1, 1), vec![0..2 * m - 1]);
@@ -158,7 +159,7 @@ struct LoggedWire {
     log: Arc<Mutex<Vec<usize>>>,
 }
 
-impl outbound::Wire for LoggedWire {
+impl Wire for LoggedWire {
     fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
         self.log.lock().push(self.id);
         Ok(buf.len())
@@ -261,7 +262,7 @@ fn a_helper_with_a_full_backlog_leaves_its_share_to_the_publisher() {
     let (hub, conns) = wired_room(n);
     let ch = ChannelUri::from("ahp-chat:/x");
     let me = std::thread::current().id();
-    let helper_share = fanout::shares(n, 1)[1].clone();
+    let helper_share = fanout_shares(n, 1)[1].clone();
     // Envelope `i` written everywhere and the helper's backlog at `left`.
     let settle = |i: usize, left: usize| {
         wait_until(&format!("envelope {i} written"), || {
@@ -277,7 +278,7 @@ fn a_helper_with_a_full_backlog_leaves_its_share_to_the_publisher() {
 
     // A helper with MAX_BACKLOG shares waiting gets no more: its share is
     // written by the publisher before `publish` returns, in order.
-    p.fanout.set_backlog(0, fanout::MAX_BACKLOG);
+    p.fanout.set_backlog(0, FANOUT_MAX_BACKLOG);
     p.publish(&ch, &hub, "2", None, None);
     for (i, (_, wire)) in conns.iter().enumerate() {
         assert_eq!(written_seqs(wire), vec![1, 2], "connection {i}");
@@ -285,14 +286,14 @@ fn a_helper_with_a_full_backlog_leaves_its_share_to_the_publisher() {
     }
     assert_eq!(
         p.fanout.backlog(),
-        vec![fanout::MAX_BACKLOG],
+        vec![FANOUT_MAX_BACKLOG],
         "nothing queued"
     );
 
     // One below the bound, the helper takes its share again.
-    p.fanout.set_backlog(0, fanout::MAX_BACKLOG - 1);
+    p.fanout.set_backlog(0, FANOUT_MAX_BACKLOG - 1);
     p.publish(&ch, &hub, "3", None, None);
-    settle(3, fanout::MAX_BACKLOG - 1);
+    settle(3, FANOUT_MAX_BACKLOG - 1);
     assert!(helper_share.clone().all(|i| last_writer(i) != me));
     p.fanout.set_backlog(0, 0);
     p.publish(&ch, &hub, "4", None, None);

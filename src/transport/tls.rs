@@ -24,7 +24,15 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-pub use crate::config::TlsFiles;
+/// TLS: the certificate chain and its key, as PEM files
+/// (`--tls-cert`, `--tls-key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain, the server's certificate first.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

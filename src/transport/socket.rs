@@ -1,5 +1,5 @@
 //! The WebSocket itself: a TCP stream taken over from actix-http's HTTP/1
-//! dispatcher once the upgrade is answered ([`super::upgrade`]).
+//! dispatcher once the upgrade is answered ([`Upgraded`]).
 //!
 //! Three parties use the socket. The connection's [`Outbound`] writes to it
 //! directly ([`Wire`]): a publisher pushing a frame to a connection with
@@ -8,15 +8,13 @@
 //! else — what a direct write could not finish, backlogs, frames held for
 //! the pacing deadline, pings and the close — and is the only one that
 //! waits for room. The [`Reader`] feeds the client's bytes to
-//! [`super::inbound::Inbound`].
+//! [`super::Inbound`].
 //!
 //! Writes are paced: on a connection written less than `--write-pacing-ms`
 //! ago (twice that under a stream faster than one frame per 1.8 times it),
 //! pushed frames wait until that much time has passed, so under a heavy
 //! stream they go out several per write (replies, pongs and closes never
-//! wait). One [`heartbeat`] task pings the connections that showed
-//! no sign of life lately, closes the idle ones and lets go of those whose
-//! close cannot be written.
+//! wait).
 //!
 //! An idle connection holds no buffer: reads go through a per-thread
 //! buffer and only an incomplete frame is kept; frames are encoded per write.
@@ -28,76 +26,85 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use actix_http::ws::{CloseCode, CloseReason, Parser};
+use actix_codec::Framed;
+use actix_http::h1;
+use actix_http::ws::Parser;
 use actix_web::rt::net::TcpStream;
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
 
-use super::admission::{Connections, OpenConn};
-use crate::metrics::Metrics;
-use crate::publish::outbound::{
-    encode_frames, encoded_len, Beat, CloseCause, Outbound, Take, Taken, Wire,
-};
+use super::close::{cause_name, close_reason, MAX_CLOSE_REASON};
+use super::inbound::Inbound;
+use super::outbound::{encode_frames, encoded_len, CloseCause, Outbound, Take, Taken, Wire};
+use super::Meter;
 
-/// RFC 6455: a close frame's reason is at most 123 bytes (strict clients
-/// such as Chromium fail the connection on longer ones).
-const MAX_CLOSE_REASON: usize = 123;
-
-/// The close code for an expired token: in the range RFC 6455 leaves to
-/// applications, and mirroring HTTP 401 so a client can tell it from other
-/// policy closes (1008) — reconnecting with the same token would be refused.
-pub const TOKEN_EXPIRED_CLOSE_CODE: u16 = 4401;
-
-/// The close reason sent with [`TOKEN_EXPIRED_CLOSE_CODE`].
-pub const TOKEN_EXPIRED_REASON: &str = "token expired: reconnect with a fresh token";
-
-/// Whether a close code may be sent (1005, 1006, 1015 and unassigned ranges
-/// may not).
-fn sendable(code: u16) -> bool {
-    matches!(code, 1000..=1003 | 1007..=1014 | 3000..=4999)
+/// A WebSocket whose upgrade was answered, taken over from the HTTP/1
+/// dispatcher: from here on its socket is ours, and the dispatcher and its
+/// buffers are gone.
+pub struct Upgraded {
+    socket: Arc<Socket>,
+    /// Bytes the dispatcher read past the request (the client's first
+    /// frames may have come with it).
+    early: Bytes,
 }
 
-/// The close frame for `cause`.
-pub fn close_reason(cause: &CloseCause) -> CloseReason {
-    let (code, text) = match cause {
-        CloseCause::Overflow => (
-            CloseCode::Policy,
-            "outbound buffer overflow: the client read too slowly; reconnect to resume".to_owned(),
-        ),
-        CloseCause::Protocol(msg) => (CloseCode::Policy, msg.clone()),
-        CloseCause::TooLarge(msg) => (CloseCode::Size, msg.clone()),
-        CloseCause::Malformed(msg) => (CloseCode::Protocol, msg.clone()),
-        CloseCause::InvalidText(msg) => (CloseCode::Invalid, msg.clone()),
-        CloseCause::Normal => (CloseCode::Normal, String::new()),
-        // RFC 6455 §5.5.1: echo the client's code, unless it is one that
-        // must not appear on the wire.
-        CloseCause::ClientClosed(Some(code)) if sendable(*code) => {
-            (CloseCode::from(*code), String::new())
+impl Upgraded {
+    /// Take the socket out of the dispatcher's hands once the handshake's
+    /// answer is written; bytes and closes are counted on `meter`.
+    pub fn take_over(framed: Framed<TcpStream, h1::Codec>, meter: Arc<dyn Meter>) -> Self {
+        let parts = framed.into_parts();
+        Self {
+            socket: Socket::new(parts.io, meter),
+            early: parts.read_buf.freeze(),
         }
-        CloseCause::ClientClosed(_) => (CloseCode::Normal, String::new()),
-        CloseCause::Shutdown => (CloseCode::Away, "server shutting down".to_owned()),
-        CloseCause::TokenExpired => (
-            CloseCode::Other(TOKEN_EXPIRED_CLOSE_CODE),
-            TOKEN_EXPIRED_REASON.to_owned(),
-        ),
-    };
-    let mut text = text;
-    if text.len() > MAX_CLOSE_REASON {
-        let mut end = MAX_CLOSE_REASON;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
     }
-    CloseReason {
-        code,
-        description: (!text.is_empty()).then_some(text),
+
+    /// The client's address.
+    pub fn peer(&self) -> Option<std::net::SocketAddr> {
+        self.socket.tcp.peer_addr().ok()
+    }
+
+    /// Serve `out` on this socket: pushers write to it directly, pushed
+    /// frames at most once per `pacing` (see [`Outbound::attach`]). Returns
+    /// the client's frames, each refused beyond `frame_limit` bytes, and the
+    /// writer to start once the connection above is ready.
+    pub fn serve(
+        self,
+        out: &Arc<Outbound>,
+        pacing: Duration,
+        frame_limit: usize,
+    ) -> (Inbound, Writer) {
+        out.attach(self.socket.clone(), pacing);
+        let inbound = Inbound::new(Reader::new(self.socket.clone(), self.early), frame_limit);
+        let writer = Writer {
+            out: out.clone(),
+            socket: self.socket,
+        };
+        (inbound, writer)
+    }
+}
+
+/// A connection's writer task, not started yet (see [`Upgraded::serve`]).
+pub struct Writer {
+    out: Arc<Outbound>,
+    socket: Arc<Socket>,
+}
+
+impl Writer {
+    /// Start writing on the current actix worker; `on_gone` is called once
+    /// the socket is done, however it ends. A connection whose peer never
+    /// takes its close stops being written (see [`Outbound::set_on_abandon`]).
+    pub fn spawn(self, on_gone: OnGone) {
+        let out = self.out.clone();
+        let task = actix_web::rt::spawn(writer(self.out, self.socket, on_gone));
+        let abort = task.abort_handle();
+        out.set_on_abandon(move || abort.abort());
     }
 }
 
@@ -132,8 +139,8 @@ const READ_CHUNK: usize = 16 * 1024;
 /// direct writes.
 pub struct Socket {
     tcp: TcpStream,
-    /// Bytes written and evictions are counted here.
-    metrics: Arc<Metrics>,
+    /// Bytes written and closes are counted here.
+    meter: Arc<dyn Meter>,
     /// The reader is done (end of stream, error, or dropped).
     read_done: AtomicBool,
     read_done_notify: Notify,
@@ -141,10 +148,10 @@ pub struct Socket {
 
 impl Socket {
     /// Wrap an upgraded stream.
-    pub fn new(tcp: TcpStream, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(tcp: TcpStream, meter: Arc<dyn Meter>) -> Arc<Self> {
         Arc::new(Self {
             tcp,
-            metrics,
+            meter,
             read_done: AtomicBool::new(false),
             read_done_notify: Notify::new(),
         })
@@ -232,7 +239,7 @@ impl Wire for Socket {
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         let written = self.tcp.try_write(buf);
         if let Ok(n) = written {
-            self.metrics.sent_bytes.increment(n as u64);
+            self.meter.sent(n as u64);
         }
         written
     }
@@ -243,7 +250,7 @@ impl Wire for Socket {
     }
 
     fn sent(&self, n: usize) {
-        self.metrics.sent_bytes.increment(n as u64);
+        self.meter.sent(n as u64);
     }
 
     fn last_ack_age_ms(&self) -> Option<u64> {
@@ -363,7 +370,7 @@ impl Drop for Reader {
 struct Gone {
     out: Arc<Outbound>,
     on_gone: Option<OnGone>,
-    metrics: Arc<Metrics>,
+    meter: Arc<dyn Meter>,
     /// The close frame was written (and counted, and logged).
     close_written: bool,
 }
@@ -374,7 +381,7 @@ impl Drop for Gone {
             // Closed without its close frame going out: evicted while the
             // socket took nothing (abandoned), or the socket failed.
             if let Some(cause) = self.out.close_cause() {
-                self.metrics.closed(&cause);
+                self.meter.closed(&cause);
                 tracing::info!(
                     conn = %self.out.id(),
                     cause = cause_name(&cause),
@@ -398,11 +405,11 @@ impl Drop for Gone {
 /// one write of pushed frames per pacing interval (see
 /// [`Outbound::paced_until`]), then the close. Calls `on_gone` when it
 /// ends, however it ends.
-pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, on_gone: OnGone) {
+async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, on_gone: OnGone) {
     let mut gone = Gone {
         out: out.clone(),
         on_gone: Some(on_gone),
-        metrics: socket.metrics.clone(),
+        meter: socket.meter.clone(),
         close_written: false,
     };
     let mut pacer = Pacer {
@@ -412,7 +419,7 @@ pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, on_gone: OnGone) {
     loop {
         let taken = poll_fn(|cx| pacer.poll_take(cx)).await;
         let more = taken.more;
-        let (buf, closing) = encode(&out, taken, &socket.metrics);
+        let (buf, closing) = encode(&out, taken, &*socket.meter);
         gone.close_written |= closing;
         if socket.write_all(&buf).await.is_err() {
             return;
@@ -427,7 +434,7 @@ pub async fn writer(out: Arc<Outbound>, socket: Arc<Socket>, on_gone: OnGone) {
 }
 
 /// The bytes of one write: what a direct write left, the frames, the close.
-fn encode(out: &Outbound, taken: Taken, metrics: &Metrics) -> (BytesMut, bool) {
+fn encode(out: &Outbound, taken: Taken, meter: &dyn Meter) -> (BytesMut, bool) {
     let mut buf = BytesMut::with_capacity(
         taken.head.len() + encoded_len(&taken.frames) + 4 + MAX_CLOSE_REASON,
     );
@@ -435,7 +442,7 @@ fn encode(out: &Outbound, taken: Taken, metrics: &Metrics) -> (BytesMut, bool) {
     encode_frames(&mut buf, taken.frames);
     let closing = taken.close.is_some();
     if let Some(cause) = taken.close {
-        metrics.closed(&cause);
+        meter.closed(&cause);
         let reason = close_reason(&cause);
         tracing::info!(
             conn = %out.id(),
@@ -448,22 +455,6 @@ fn encode(out: &Outbound, taken: Taken, metrics: &Metrics) -> (BytesMut, bool) {
     }
     (buf, closing)
 }
-
-/// A close's cause in a log line.
-fn cause_name(cause: &CloseCause) -> &'static str {
-    match cause {
-        CloseCause::Overflow => "overflow",
-        CloseCause::Protocol(_) => "idle",
-        CloseCause::TooLarge(_) => "too_large",
-        CloseCause::Malformed(_) => "malformed",
-        CloseCause::InvalidText(_) => "invalid_text",
-        CloseCause::Normal => "server",
-        CloseCause::ClientClosed(_) => "client",
-        CloseCause::Shutdown => "shutdown",
-        CloseCause::TokenExpired => "token_expired",
-    }
-}
-
 /// The writer's view of the queue, with its pacing deadline.
 struct Pacer<'a> {
     out: &'a Outbound,
@@ -507,68 +498,8 @@ impl Pacer<'_> {
         }
     }
 }
-
-/// How often the heartbeat wakes: each connection is beaten once per
-/// interval, in the tick its id falls in, so the pings (and the pongs
-/// coming back) are spread over the interval. Beating 10,000 connections at
-/// once took both cores of a 2-core server for about 300 ms, and every
-/// action published meanwhile waited that long.
-const BEAT_TICK: Duration = Duration::from_millis(100);
-/// Most ticks one interval is cut into.
-const MAX_BEAT_SLICES: u64 = 256;
-
-/// Look at every connection each `interval` (a share of them each tick):
-/// ping those with no sign of life since the last look (see
-/// [`Outbound::beat`]), close those with none for `idle_timeout`, and let
-/// go of those whose close could not be written for as long. Runs until
-/// the server's system stops.
-pub async fn heartbeat(connections: Arc<Connections>, interval: Duration, idle_timeout: Duration) {
-    let interval = interval.max(Duration::from_millis(10));
-    let idle_ms = idle_timeout.as_millis() as u64;
-    let interval_ms = interval.as_millis() as u64;
-    let abandon_beats = idle_timeout
-        .as_millis()
-        .div_ceil(interval.as_millis())
-        .max(1) as u32;
-    let slices = beat_slices(interval);
-    let mut tick = tokio::time::interval(interval / slices as u32);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    let mut slot = 0;
-    // This interval's connections by slot, listed at its first tick (a
-    // connection opened since waits for the next interval; one closed since
-    // is skipped).
-    let mut round: Vec<Vec<Weak<OpenConn>>> = Vec::new();
-    loop {
-        tick.tick().await;
-        if slot == 0 {
-            round = connections.by_slot(slices);
-        }
-        let beaten = std::mem::take(&mut round[slot as usize]);
-        slot = (slot + 1) % slices;
-        for open in beaten.iter().filter_map(Weak::upgrade) {
-            let c = &open.out;
-            match c.beat(idle_ms, abandon_beats, interval_ms) {
-                Beat::Idle => tracing::info!(conn = %c.id(), "closing an idle connection"),
-                Beat::Abandoned => tracing::info!(
-                    conn = %c.id(),
-                    "letting go of a connection whose peer never took its close"
-                ),
-                Beat::Pinged | Beat::Acknowledged | Beat::Closing => {}
-            }
-        }
-    }
-}
-
-/// Ticks one heartbeat `interval` is cut into: one per [`BEAT_TICK`], at
-/// least one, at most [`MAX_BEAT_SLICES`].
-fn beat_slices(interval: Duration) -> u64 {
-    (interval.as_millis() / BEAT_TICK.as_millis()).clamp(1, u128::from(MAX_BEAT_SLICES)) as u64
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::inbound::ReadError;
     use super::*;
 
     #[tokio::test]
@@ -616,48 +547,5 @@ mod tests {
         drop(client);
         server.readable().await.unwrap();
         assert!(read_once(&server, &mut buf).unwrap().is_empty());
-    }
-
-    #[test]
-    fn the_heartbeat_spreads_its_pings_over_the_interval() {
-        // The default 20 s: 200 ticks of 100 ms, each connection in one.
-        assert_eq!(beat_slices(Duration::from_secs(20)), 200);
-        assert_eq!(beat_slices(Duration::from_secs(60)), MAX_BEAT_SLICES);
-        // Short intervals (tests) beat everyone at each tick.
-        assert_eq!(beat_slices(Duration::from_millis(50)), 1);
-    }
-
-    #[test]
-    fn close_reasons_fit_a_control_frame() {
-        let long = CloseCause::Protocol("é".repeat(200));
-        let reason = close_reason(&long);
-        assert!(reason.description.unwrap().len() <= MAX_CLOSE_REASON);
-        assert_eq!(
-            close_reason(&ReadError::TooLarge(10).close_cause()).code,
-            CloseCode::Size
-        );
-        assert_eq!(
-            close_reason(&ReadError::Protocol("x".into()).close_cause()).code,
-            CloseCode::Protocol
-        );
-        assert_eq!(close_reason(&CloseCause::Shutdown).code, CloseCode::Away);
-        let expired = close_reason(&CloseCause::TokenExpired);
-        assert_eq!(expired.code, CloseCode::Other(TOKEN_EXPIRED_CLOSE_CODE));
-        assert!(expired
-            .description
-            .is_some_and(|d| d.len() <= MAX_CLOSE_REASON));
-        assert_eq!(close_reason(&CloseCause::Normal).description, None);
-        assert_eq!(
-            close_reason(&CloseCause::ClientClosed(Some(4001))).code,
-            CloseCode::Other(4001)
-        );
-        assert_eq!(
-            close_reason(&CloseCause::ClientClosed(Some(1005))).code,
-            CloseCode::Normal
-        );
-        assert_eq!(
-            close_reason(&CloseCause::ClientClosed(None)).code,
-            CloseCode::Normal
-        );
     }
 }

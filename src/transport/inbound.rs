@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use futures_util::Stream;
 
-use crate::publish::outbound::CloseCause;
+use super::CloseCause;
 
 /// A frame from the client, continuations reassembled.
 #[derive(Debug)]
@@ -214,7 +214,7 @@ impl Stream for Inbound {
 mod tests {
     use actix_http::ws::{CloseCode, OpCode, Parser};
 
-    use super::super::socket::close_reason;
+    use super::super::close_reason;
     use super::*;
 
     fn inbound(chunks: Vec<Vec<u8>>, limit: usize) -> Inbound {
