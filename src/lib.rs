@@ -13,7 +13,7 @@
 //! | [`coedit`] | several people typing in one text at once: operations (retain / insert / delete), their transformation, the authority's copy of a text and an editor's |
 //! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements; form and link rules; the approval policy as pure functions (`interactions::policy`) |
 //! | [`providers`] | agents behind the host (implementing `channels::agent`): provider connections, the built-in `scripted` agent, operator-declared ACP agents (`providers::acp`: the process, the update mapping, permissions) |
-//! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, `/healthz`, `/metrics`, `/admin/overview`, the embedded browser client (`web/`) at `/`; the server's own tables (tokens, open connections, rate buckets); a cluster node's part in the cluster (`server::cluster`) |
+//! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, `/healthz`, `/readyz`, `/metrics`, `/admin/overview`, the embedded browser client (`web/`) at `/`; the server's own tables (tokens, open connections, rate buckets); a cluster node's part in the cluster (`server::cluster`) |
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`metrics`] | what `/metrics` exports: every series registered once on the server's own recorder, counted through handles |
 //! | [`config`] | tunables and limits; the command line and the config file (`config::cli`: every flag a key, flags over the file) |

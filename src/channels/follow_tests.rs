@@ -32,6 +32,9 @@ impl ClusterLink for FakeLink {
     fn node(&self) -> &str {
         "follower"
     }
+    fn ready(&self) -> Result<(), String> {
+        Ok(())
+    }
     fn owns(&self, _: &ChannelUri) -> bool {
         false
     }

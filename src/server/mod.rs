@@ -29,6 +29,7 @@ pub mod connection;
 pub mod params;
 mod presence;
 mod provide;
+mod ready;
 mod routes;
 mod scrape;
 mod subscribe;
@@ -80,6 +81,8 @@ pub struct AppState {
     pub principals: Principals,
     /// Who is looking at what in each chat (`tandem/setPresence`).
     pub presence: presence::PresenceTable,
+    /// The store's last answer to `/readyz`'s write probe.
+    readiness: Arc<ready::Readiness>,
 }
 
 /// Why a server refuses to start.
@@ -130,7 +133,7 @@ pub fn check_config(config: &Config, addr: SocketAddr) -> Result<Checked, StartE
 
 /// `GET /healthz`: the process lives and serves HTTP (liveness: 200 for as
 /// long as it can answer), with the server's own figures. Whether it can do
-/// its work is `/readyz`'s.
+/// its work is `/readyz`'s ([`ready`]).
 async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     let mut body = serde_json::json!({
         "status": "ok",
@@ -180,6 +183,7 @@ fn http_server(
                 .app_data(web::Data::from(app_state))
                 .route("/ahp", web::get().to(upgrade::ahp_plain))
                 .route("/healthz", web::get().to(healthz))
+                .route("/readyz", web::get().to(ready::readyz))
                 .route("/metrics", web::get().to(scrape::metrics))
                 .route("/admin/overview", web::get().to(admin::overview))
                 .configure(web_ui::routes);
@@ -351,6 +355,7 @@ where
                     )),
                     principals: Principals::default(),
                     presence: presence::PresenceTable::default(),
+                    readiness: Arc::default(),
                 });
                 let app_state = state.clone();
                 let server = http_server(&app_state, &config, listener)?;

@@ -100,4 +100,9 @@ pub trait ClusterLink: Send + Sync + 'static {
 
     /// Deliver what the other nodes announce to `sink`.
     fn hear(&self, _sink: Arc<dyn Fn(Vec<u8>) + Send + Sync>) {}
+
+    /// Whether the link does its part now (`/readyz`): connected to the
+    /// cluster, following the other nodes' writes, holding the leases of
+    /// the channels this node runs. `Err` says what is missing.
+    fn ready(&self) -> Result<(), String>;
 }

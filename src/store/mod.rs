@@ -294,6 +294,15 @@ pub trait Journal: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether the store takes a write now, found out by making one that
+    /// changes nothing, committed like any other (SQLite), or by a round
+    /// trip to the store's service (a cluster node). Blocks until the store
+    /// answers: the caller (`/readyz`) runs it off the serving threads and
+    /// bounds how long it waits.
+    fn probe_write(&self) -> Result<(), JournalError> {
+        self.writable()
+    }
+
     /// Memory the store's engine holds in this process (SQLite: its page
     /// caches and statements), when it can tell.
     fn memory_bytes(&self) -> Option<u64> {

@@ -28,6 +28,7 @@ mod logs;
 mod metrics;
 mod ordering_and_recovery;
 mod providers;
+mod readiness;
 mod scripted;
 mod security;
 mod security_access;

@@ -341,6 +341,22 @@ impl Journal for JetStreamJournal {
         }
     }
 
+    fn probe_write(&self) -> Result<(), JournalError> {
+        self.writable()?;
+        // Connected is not enough: JetStream itself must answer (a server
+        // whose JetStream is disabled or out of resources takes no append).
+        let inner = self.inner.clone();
+        self.block(async move {
+            inner
+                .nats
+                .stream
+                .get_info()
+                .await
+                .map(drop)
+                .map_err(|e| unavailable("reach JetStream", e))
+        })
+    }
+
     fn observe_commits(&self, metrics: crate::store::CommitMetrics) {
         let _ = self.inner.commits.set(metrics);
     }

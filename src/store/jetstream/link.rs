@@ -350,6 +350,17 @@ impl ClusterLink for JetStreamJournal {
         &self.inner.node
     }
 
+    fn ready(&self) -> Result<(), String> {
+        if self.connected() {
+            Ok(())
+        } else {
+            Err(format!(
+                "node `{}` is not connected to NATS: it follows nothing and writes nothing until it is back",
+                self.inner.node
+            ))
+        }
+    }
+
     fn owns(&self, channel: &ChannelUri) -> bool {
         !self.refused(channel) && !self.inner.followed.lock().contains(channel)
     }

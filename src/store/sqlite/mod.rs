@@ -219,6 +219,12 @@ impl Journal for SqliteJournal {
         self.raise_seq_floor(ServerSeq::ZERO)
     }
 
+    fn probe_write(&self) -> Result<(), JournalError> {
+        // The barrier is a real write (the floor set to what it is), so it
+        // takes the database's write lock and commits like any group.
+        self.raise_seq_floor(ServerSeq::ZERO)
+    }
+
     fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
         recovery::load_channel(&self.reader.lock(), uri)
     }

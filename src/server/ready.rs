@@ -1,0 +1,130 @@
+//! `GET /readyz`: whether this node should be sent clients now.
+//!
+//! `/healthz` says the process lives (it answers 200 for as long as it
+//! can answer at all); `/readyz` says it can do its work: its store takes
+//! a write now (found out by making one, see
+//! [`crate::store::Journal::probe_write`]) and, on a cluster node, its link
+//! to NATS is up. Anything else is 503 with the reason, so an orchestrator
+//! stops sending it clients (Kubernetes' `readinessProbe`) without
+//! restarting it (`livenessProbe` stays on `/healthz`).
+//!
+//! A probe is a write, so requests share them: one answer serves every
+//! request for [`FRESH`], and at most one probe runs at a time. A request
+//! waits at most [`WAIT`] for it — under the one second Kubernetes gives a
+//! probe by default — and a store that has not answered by then is not
+//! ready (a locked SQLite database keeps a write waiting for its busy
+//! timeout; the probe goes on, and its answer serves the next request).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix_web::{web, HttpResponse};
+use tokio::sync::watch;
+
+use super::AppState;
+use crate::store::Journal;
+
+/// How long one probe's answer serves later requests.
+const FRESH: Duration = Duration::from_secs(1);
+
+/// The longest a request waits for a probe's answer.
+const WAIT: Duration = Duration::from_millis(800);
+
+/// A probe's answer and when it came.
+#[derive(Clone)]
+struct Answer {
+    at: Instant,
+    /// `Err`: why the store takes no write.
+    store: Result<(), String>,
+}
+
+/// The probes of one server.
+pub(super) struct Readiness {
+    last: watch::Sender<Option<Answer>>,
+    /// A probe is under way.
+    probing: AtomicBool,
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self {
+            last: watch::Sender::new(None),
+            probing: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Readiness {
+    /// Whether `journal` takes a write: a fresh answer, or a new probe's,
+    /// waited for at most [`WAIT`].
+    async fn store(self: &Arc<Self>, journal: &Arc<dyn Journal>) -> Result<(), String> {
+        let mut answers = self.last.subscribe();
+        if let Some(a) = answers.borrow_and_update().as_ref() {
+            if a.at.elapsed() < FRESH {
+                return a.store.clone();
+            }
+        }
+        if !self.probing.swap(true, Ordering::AcqRel) {
+            let me = self.clone();
+            let journal = journal.clone();
+            tokio::task::spawn_blocking(move || {
+                let store = journal.probe_write().map_err(|e| e.to_string());
+                me.last.send_replace(Some(Answer {
+                    at: Instant::now(),
+                    store,
+                }));
+                me.probing.store(false, Ordering::Release);
+            });
+        }
+        match tokio::time::timeout(WAIT, answers.changed()).await {
+            Ok(Ok(())) => answers.borrow().as_ref().map_or_else(
+                || Err("no answer from the store".into()),
+                |a| a.store.clone(),
+            ),
+            Ok(Err(_)) => Err("the server is stopping".into()),
+            Err(_) => Err(format!(
+                "the store has not confirmed a write within {} ms",
+                WAIT.as_millis()
+            )),
+        }
+    }
+}
+
+/// `GET /readyz`: 200 `{"ready": true, …}` or 503 `{"ready": false,
+/// "reasons": […]}`, each check by name in `checks`.
+pub(super) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let journal = &state.shared.journal;
+    let mut checks = serde_json::Map::new();
+    let mut reasons = Vec::new();
+    let store = state.readiness.store(journal).await;
+    checks.insert("store".into(), check(&store));
+    if let Err(why) = store {
+        reasons.push(format!("store: {why}"));
+    }
+    if let Some(link) = state.shared.cluster.as_ref() {
+        let cluster = link.ready();
+        checks.insert("cluster".into(), check(&cluster));
+        if let Err(why) = cluster {
+            reasons.push(format!("cluster: {why}"));
+        }
+    }
+    let ready = reasons.is_empty();
+    let body = serde_json::json!({
+        "ready": ready,
+        "checks": checks,
+        "reasons": reasons,
+    });
+    if ready {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    }
+}
+
+fn check(r: &Result<(), String>) -> serde_json::Value {
+    match r {
+        Ok(()) => "ok".into(),
+        Err(why) => why.clone().into(),
+    }
+}
