@@ -465,7 +465,7 @@ impl Publisher {
         // Queued under the lock (that is what keeps `serverSeq` order on
         // every connection); written once it is released.
         let subs = hub.current();
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         let mut origin_delivered = false;
         let mut delivered = 0u64;
         for s in subs.iter() {

@@ -48,6 +48,8 @@ pub struct Connections {
     taken: Mutex<Taken>,
     /// Every connection whose upgrade went through.
     open: DashMap<ConnId, Arc<OpenConn>>,
+    /// Told each time a connection leaves `open` (shutdown waits on it).
+    left: tokio::sync::Notify,
 }
 
 /// An open connection as the admin view lists it.
@@ -80,6 +82,7 @@ impl Connections {
             max_per_subject,
             taken: Mutex::new(Taken::default()),
             open: DashMap::new(),
+            left: tokio::sync::Notify::new(),
         }
     }
 
@@ -109,6 +112,19 @@ impl Connections {
     /// Connections whose upgrade went through and that have not ended.
     pub fn open_len(&self) -> usize {
         self.open.len()
+    }
+
+    /// Resolves once no connection is open.
+    pub async fn all_closed(&self) {
+        loop {
+            let left = self.left.notified();
+            tokio::pin!(left);
+            left.as_mut().enable();
+            if self.open.is_empty() {
+                return;
+            }
+            left.await;
+        }
     }
 
     /// The queues of the open connections, at this moment.
@@ -187,6 +203,7 @@ impl Drop for Slot {
         if let Some(id) = self.conn {
             self.table.open.remove(&id);
             crate::memory::shrink_if_sparse(&self.table.open);
+            self.table.left.notify_waiters();
         }
     }
 }

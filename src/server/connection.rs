@@ -91,18 +91,48 @@ impl Connection {
     }
 
     /// Close the socket when the token expires: it was checked only at the
-    /// upgrade, and must not outlive its `exp` on an open socket.
+    /// upgrade, and must not outlive its `exp` on an open socket. The time
+    /// left is read off the wall clock once, here; from then on the
+    /// deadline is on the runtime's clock.
     fn arm_expiry(&mut self, ctx: &mut Context<Self>) {
         let Some(left) = self.principal.expires_in() else {
             return;
         };
-        if left.is_zero() {
-            tracing::info!(conn = %self.out.id(), subject = %self.principal.subject, "closing: the token expired");
-            self.out.close(CloseCause::TokenExpired);
-            return;
-        }
-        ctx.run_later(left.min(MAX_EXPIRY_WAIT), |act, ctx| act.arm_expiry(ctx));
+        let out = self.out.clone();
+        let subject = self.principal.subject.clone();
+        let deadline = tokio::time::Instant::now().checked_add(left);
+        ctx.spawn(
+            async move {
+                if close_at_expiry(&out, deadline).await {
+                    tracing::info!(conn = %out.id(), %subject, "closing: the token expired");
+                }
+            }
+            .into_actor(self),
+        );
     }
+}
+
+/// Close `out` with [`CloseCause::TokenExpired`] once `deadline` passes
+/// (`None`: beyond what the clock holds, never). Waits at most
+/// [`MAX_EXPIRY_WAIT`] at a time, so any deadline works. `false` when the
+/// connection was closing before.
+async fn close_at_expiry(out: &Outbound, deadline: Option<tokio::time::Instant>) -> bool {
+    let Some(deadline) = deadline else {
+        return std::future::pending().await;
+    };
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        let step = (deadline - now).min(MAX_EXPIRY_WAIT);
+        tokio::time::sleep_until(now + step).await;
+    }
+    if out.is_closing() {
+        return false;
+    }
+    out.close(CloseCause::TokenExpired);
+    true
 }
 
 impl Actor for Connection {
@@ -245,6 +275,7 @@ impl Connection {
         if delay.is_zero() {
             self.handle_message(inc, frame_bytes, ctx);
         } else {
+            // A timer: the budget refills with time, nothing else tells.
             ctx.wait(
                 tokio::time::sleep(delay)
                     .into_actor(self)
@@ -301,5 +332,39 @@ impl Connection {
             None if self.principal.is_scoped() => denied(uri),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_closed_when_its_token_expires_and_not_before() {
+        let out = Arc::new(Outbound::new(1 << 20));
+        let lifetime = std::time::Duration::from_secs(3 * 24 * 3600);
+        let deadline = tokio::time::Instant::now() + lifetime;
+        let expiry = tokio::spawn({
+            let out = out.clone();
+            async move { close_at_expiry(&out, Some(deadline)).await }
+        });
+        // Past several of the timer's longest waits, a millisecond short.
+        tokio::time::advance(lifetime - std::time::Duration::from_millis(1)).await;
+        tokio::task::yield_now().await;
+        assert!(!out.is_closing(), "open until the token's exp");
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        assert!(
+            expiry.await.expect("the timer ends"),
+            "it closed the connection"
+        );
+        assert_eq!(out.close_cause(), Some(CloseCause::TokenExpired));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expiry_does_not_override_a_close_already_under_way() {
+        let out = Outbound::new(1 << 20);
+        out.close(CloseCause::Overflow);
+        assert!(!close_at_expiry(&out, Some(tokio::time::Instant::now())).await);
+        assert_eq!(out.close_cause(), Some(CloseCause::Overflow));
     }
 }

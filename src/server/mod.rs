@@ -213,6 +213,10 @@ fn http_server(
         .run())
 }
 
+/// How long a shutdown waits for the open connections' closes to go out
+/// before the workers stop.
+const SHUTDOWN_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Serve AHP on `listener` until `shutdown` resolves, then stop gracefully:
 /// connections are closed with a reason and in-flight work finishes.
 ///
@@ -362,8 +366,9 @@ where
                 presence::join_cluster(&state);
                 let metrics = state.shared.metrics.clone();
                 actix::spawn(async move {
+                    let mut every = tokio::time::interval(scrape::UPKEEP_EVERY);
                     loop {
-                        tokio::time::sleep(scrape::UPKEEP_EVERY).await;
+                        every.tick().await;
                         metrics.upkeep();
                     }
                 });
@@ -400,10 +405,7 @@ where
     // Upgraded sockets are ours, not the HTTP server's: give their closes
     // time to go out (each connection ends once its close is written and
     // the client answered, or after the linger) before the workers stop.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    while connections.open_len() > 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let _ = tokio::time::timeout(SHUTDOWN_CLOSE_WAIT, connections.all_closed()).await;
     // TLS goes last: the closes above pass through it.
     if let Some(stop) = tls_stop {
         let _ = stop.send(());

@@ -239,8 +239,9 @@ pub(super) fn join_cluster(app: &Arc<AppState>) {
     }));
     let weak = Arc::downgrade(app);
     actix::spawn(async move {
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + REFRESH, REFRESH);
         loop {
-            tokio::time::sleep(REFRESH).await;
+            every.tick().await;
             let Some(app) = weak.upgrade() else {
                 return;
             };

@@ -75,7 +75,87 @@ fn beat_slices(interval: Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::transport::CloseCause;
+
+    /// An open connection as the heartbeat is handed it.
+    struct Open(Arc<Outbound>);
+
+    impl AsRef<Outbound> for Open {
+        fn as_ref(&self) -> &Outbound {
+            &self.0
+        }
+    }
+
+    /// Whether a ping waits at the front of `out`'s queue (taken, if so).
+    fn pinged(out: &Outbound) -> bool {
+        let waker = futures_util::task::noop_waker();
+        match out.poll_take(&mut std::task::Context::from_waker(&waker), false) {
+            crate::transport::outbound::Take::Ready(t) => {
+                let ping = matches!(
+                    t.frames.front(),
+                    Some(crate::transport::outbound::Frame::Ping)
+                );
+                out.wrote(false);
+                ping
+            }
+            _ => false,
+        }
+    }
+
+    /// Let `d` pass one heartbeat tick at a time, the heartbeat running
+    /// after each.
+    async fn pass(d: Duration) {
+        for _ in 0..d.as_millis() / BEAT_TICK.as_millis() {
+            tokio::time::advance(BEAT_TICK).await;
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_heartbeat_pings_each_interval_spares_a_client_that_speaks_and_closes_a_silent_one()
+    {
+        let interval = Duration::from_secs(1);
+        let idle = Duration::from_secs(3);
+        let speaks = Arc::new(Open(Arc::new(Outbound::new(1 << 20))));
+        let silent = Arc::new(Open(Arc::new(Outbound::new(1 << 20))));
+        let open = [speaks.clone(), silent.clone()];
+        let task = tokio::spawn(heartbeat(
+            move |slices| {
+                let mut slots: Vec<Vec<Weak<Open>>> = vec![Vec::new(); slices as usize];
+                slots[0] = open.iter().map(Arc::downgrade).collect();
+                slots
+            },
+            interval,
+            idle,
+        ));
+        // Let the heartbeat take its first tick (now) and wait for the next.
+        tokio::task::yield_now().await;
+        for beat in 1..=3 {
+            pass(interval).await;
+            assert!(
+                pinged(&speaks.0),
+                "beat {beat}: the talking client is pinged"
+            );
+            assert!(
+                pinged(&silent.0),
+                "beat {beat}: the silent client is pinged"
+            );
+            speaks.0.received();
+        }
+        assert!(!speaks.0.is_closing() && !silent.0.is_closing());
+        // Past the idle timeout without a frame: the silent one is closed.
+        pass(interval).await;
+        assert!(
+            matches!(silent.0.close_cause(), Some(CloseCause::Protocol(m)) if m.starts_with("idle for")),
+            "{:?}",
+            silent.0.close_cause()
+        );
+        assert!(!speaks.0.is_closing(), "the client that answers stays");
+        task.abort();
+    }
 
     #[test]
     fn the_heartbeat_spreads_its_pings_over_the_interval() {

@@ -472,12 +472,11 @@ impl Pacer<'_> {
             let due = self
                 .out
                 .paced_until()
-                .filter(|due| !passed && *due > std::time::Instant::now());
+                .filter(|due| !passed && *due > tokio::time::Instant::now());
             match (self.out.poll_take(cx, due.is_some()), due) {
                 (Take::Ready(taken), _) => return Poll::Ready(taken),
                 (Take::Empty, None) => return Poll::Pending,
                 (Take::Empty | Take::Paced, Some(due)) => {
-                    let due = due.into();
                     let timer = match self.timer.as_mut() {
                         Some(timer) => {
                             if timer.deadline() != due {
@@ -501,6 +500,57 @@ impl Pacer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::ServerSeq;
+    use crate::transport::outbound::Frame;
+    use crate::transport::{FakeWire, Push};
+
+    fn envelope(seq: u64, text: &str) -> Push<'static> {
+        Push::Envelope(ServerSeq::new(seq), text.to_owned().into())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_writer_holds_pushed_frames_until_the_pacing_deadline_and_never_urgent_ones() {
+        let pacing = Duration::from_millis(5);
+        let out = Arc::new(Outbound::new(1 << 20));
+        let wire = FakeWire::with_room(usize::MAX);
+        out.attach(wire.clone(), pacing);
+        // An idle connection: the pusher writes at once.
+        out.push(envelope(1, "a"));
+        assert_eq!(wire.texts(), ["a"]);
+        let written = tokio::time::Instant::now();
+        // Within the interval: it waits for the writer, which waits for the
+        // deadline, on the runtime's clock.
+        out.push(envelope(2, "b"));
+        assert_eq!(wire.texts(), ["a"]);
+        let mut pacer = Pacer {
+            out: &out,
+            timer: None,
+        };
+        let taken = poll_fn(|cx| pacer.poll_take(cx)).await;
+        assert_eq!(
+            written.elapsed(),
+            pacing,
+            "taken at the deadline, not before"
+        );
+        let texts: Vec<&str> = taken
+            .frames
+            .iter()
+            .filter_map(|f| match f {
+                Frame::Text { data, .. } => Some(&**data),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(texts, ["b"]);
+        out.wrote(false);
+        // Within the next interval, an echo does not wait, and takes the
+        // envelope queued before it along.
+        let wrote_b = tokio::time::Instant::now();
+        out.push(envelope(3, "c"));
+        assert_eq!(wire.texts(), ["a"], "c waits");
+        out.push(Push::Echo(ServerSeq::new(4), "d".into()));
+        assert_eq!(wire.texts(), ["a", "c", "d"]);
+        assert_eq!(wrote_b.elapsed(), Duration::ZERO);
+    }
 
     #[tokio::test]
     async fn a_short_read_forgets_the_readiness_and_misses_nothing_after_it() {

@@ -34,6 +34,9 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
+/// The pause after an accept that failed (out of descriptors and the like).
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -170,9 +173,12 @@ pub async fn terminate(
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    // Out of descriptors and the like: wait, do not spin.
+                    // Out of descriptors and the like: a pause before the
+                    // next accept (a timer, not a wait for an event: the
+                    // kernel tells nobody when a descriptor frees up), so
+                    // the loop does not spin.
                     tracing::warn!(error = %e, "TLS accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(ACCEPT_RETRY).await;
                     continue;
                 }
             },

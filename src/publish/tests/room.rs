@@ -31,12 +31,14 @@ fn written_seqs(wire: &FakeWire) -> Vec<u64> {
         .collect()
 }
 
-/// Poll `done` every millisecond until it holds; fail with `what` after
-/// ten seconds (the helpers write on their own threads).
+/// Wait until `done` holds; fail with `what` after twenty seconds.
 fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !done() {
         assert!(std::time::Instant::now() < deadline, "{what}");
+        // A poll of the condition, not a wait standing in for it: the
+        // helper threads write and count their backlog on their own and
+        // signal nobody, and a verdict is given only once `done` holds.
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }

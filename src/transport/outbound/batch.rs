@@ -27,7 +27,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Waker;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use io_uring::{opcode, types, IoUring};

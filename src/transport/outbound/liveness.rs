@@ -6,14 +6,6 @@ use std::sync::atomic::Ordering;
 
 use super::{wake, CloseCause, Frame, Outbound};
 
-/// Milliseconds since the Unix epoch (activity stamps).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// What the heartbeat found on a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Beat {
@@ -33,9 +25,19 @@ pub enum Beat {
 }
 
 impl Outbound {
+    /// Milliseconds since this queue was made, on the runtime's clock
+    /// (activity stamps). The runtime's, not the wall's: a step of the
+    /// wall clock must not make every connection look idle, and tests
+    /// pause it.
+    pub(super) fn now_ms(&self) -> u64 {
+        tokio::time::Instant::now()
+            .saturating_duration_since(self.born)
+            .as_millis() as u64
+    }
+
     /// The client sent a frame just now.
     pub fn received(&self) {
-        self.last_rx_ms.store(now_ms(), Ordering::Relaxed);
+        self.last_rx_ms.store(self.now_ms(), Ordering::Relaxed);
     }
 
     /// What to do when the connection is abandoned (see [`Beat::Abandoned`]).
@@ -76,7 +78,9 @@ impl Outbound {
             self.received();
             return Beat::Acknowledged;
         }
-        let idle_ms = now_ms().saturating_sub(self.last_rx_ms.load(Ordering::Relaxed));
+        let idle_ms = self
+            .now_ms()
+            .saturating_sub(self.last_rx_ms.load(Ordering::Relaxed));
         let (beat, waker) = {
             let mut st = self.state.lock();
             let progressed = st.takes != st.seen_takes;

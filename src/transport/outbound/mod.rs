@@ -35,7 +35,9 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::task::{Context, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use bytestring::ByteString;
@@ -53,7 +55,7 @@ mod wire;
 pub(crate) use frame::frame_len;
 use frame::{counted_len, reply_len};
 pub use frame::{CloseCause, Frame, Push, Take, Taken};
-pub use liveness::{now_ms, Beat};
+pub use liveness::Beat;
 use pace::Pace;
 pub use wire::{encode_frames, encoded_len, Wire};
 
@@ -173,7 +175,9 @@ pub struct Outbound {
     /// Sessions this connection may see (`None`: all); filters session-scoped
     /// notifications such as `root/sessionAdded`.
     scope: Option<Arc<HashSet<String>>>,
-    /// When the client last sent a frame (ms since the epoch).
+    /// When this queue was made: the epoch of `last_rx_ms`.
+    born: Instant,
+    /// When the client last sent a frame (ms since `born`).
     last_rx_ms: AtomicU64,
     state: Mutex<State>,
     /// Lets the connection go when its socket never takes the close.
@@ -196,7 +200,8 @@ impl Outbound {
             id: ConnId::next(),
             limit_bytes,
             scope,
-            last_rx_ms: AtomicU64::new(now_ms()),
+            born: Instant::now(),
+            last_rx_ms: AtomicU64::new(0),
             state: Mutex::new(State {
                 frames: VecDeque::new(),
                 bytes: 0,

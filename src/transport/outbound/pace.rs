@@ -16,7 +16,9 @@
 //! runs at and the 125 where one write per frame starts to cost a 2-core
 //! server more than it has), and one pause brings the connection back to P.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// A stream is fast when its average gap is under this many intervals.
 const FAST_GAP: f64 = 1.8;

@@ -52,11 +52,13 @@ fn room(n: usize) -> (Vec<Arc<Outbound>>, Vec<Arc<TcpWire>>, Vec<TcpStream>) {
     (outs, wires, clients)
 }
 
-/// Read from `client` until `want` whole frames arrived (or 5 s passed).
+/// How long a read or a wait for room may take before the test fails.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Read from `client` until `want` whole frames arrived (or [`WAIT`]
+/// passed without a byte).
 fn read_frames(client: &mut TcpStream, want: usize) -> Vec<String> {
-    client
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    client.set_read_timeout(Some(WAIT)).unwrap();
     let mut bytes = Vec::new();
     let mut chunk = [0u8; 64 * 1024];
     while decode(&bytes).len() < want {
@@ -66,6 +68,20 @@ fn read_frames(client: &mut TcpStream, want: usize) -> Vec<String> {
         }
     }
     decode(&bytes)
+}
+
+/// Wait until `tcp` has room for more (`poll` for `POLLOUT`); fail after
+/// [`WAIT`].
+fn wait_writable(tcp: &TcpStream) {
+    let mut fd = libc::pollfd {
+        fd: tcp.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, alive across the call; the descriptor is open for
+    // as long as `tcp` is.
+    let n = unsafe { libc::poll(&mut fd, 1, WAIT.as_millis() as libc::c_int) };
+    assert!(n == 1, "the socket never had room again ({n})");
 }
 
 /// Whether this thread's flushes go through io_uring (the kernel may
@@ -152,9 +168,7 @@ fn what_a_full_socket_did_not_take_in_a_batch_goes_first_from_the_socket_side() 
     while !rest.is_empty() {
         match wires[0].try_write(rest) {
             Ok(n) => rest = &rest[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => wait_writable(&wires[0].tcp),
             Err(e) => panic!("{e}"),
         }
     }
@@ -179,28 +193,26 @@ fn a_connection_busy_elsewhere_is_written_after_the_batch_not_waited_for() {
     for (i, out) in outs.iter().enumerate() {
         out.push_deferred(env(1, &format!("to {i}")), now);
     }
-    // Another thread holds connection 2 while the room is flushed.
+    // Another thread holds connection 2 until the others were read.
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
-    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (busy, holder_released) = (outs[2].clone(), released.clone());
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let busy = outs[2].clone();
     let holder = std::thread::spawn(move || {
         let st = busy.state.lock();
         locked_tx.send(()).unwrap();
-        std::thread::sleep(Duration::from_millis(500));
-        holder_released.store(true, Ordering::SeqCst);
+        let _ = release_rx.recv();
         drop(st);
     });
     locked_rx.recv().unwrap();
     let room_outs = outs.clone();
     let flusher = std::thread::spawn(move || Outbound::flush_all(&room_outs, true));
-    // The others are written while connection 2 is still held.
+    // The others are written while connection 2 is still held: a batch
+    // that waited for it would leave them unwritten, and their reads would
+    // run out of time.
     for i in [0, 1, 3] {
         assert_eq!(read_frames(&mut clients[i], 1), [format!("to {i}")]);
     }
-    assert!(
-        !released.load(Ordering::SeqCst),
-        "the batch did not wait for the busy connection"
-    );
+    release_tx.send(()).unwrap();
     // And the busy one once it is free, by the same flush.
     flusher.join().unwrap();
     holder.join().unwrap();

@@ -52,14 +52,20 @@ fn a_close_the_socket_cannot_reach_abandons_the_connection_once() {
     assert_eq!(abandoned.load(Ordering::SeqCst), 1);
 }
 
-#[test]
-fn heartbeat_closes_an_idle_client() {
+#[tokio::test(start_paused = true)]
+async fn heartbeat_closes_an_idle_client() {
     let o = Outbound::new(1000);
-    o.last_rx_ms.store(now_ms() - 5_000, Ordering::Relaxed);
+    tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(o.beat(10_000, 3, 5_000), Beat::Pinged);
     o.received();
     assert_eq!(o.beat(10_000, 3, 5_000), Beat::Pinged);
-    o.last_rx_ms.store(now_ms() - 11_000, Ordering::Relaxed);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(
+        o.beat(10_000, 3, 5_000),
+        Beat::Pinged,
+        "idle for just the timeout"
+    );
+    tokio::time::advance(Duration::from_millis(1)).await;
     assert_eq!(o.beat(10_000, 3, 5_000), Beat::Idle);
     let close = take(&o).unwrap().close;
     assert!(
@@ -68,18 +74,18 @@ fn heartbeat_closes_an_idle_client() {
     );
 }
 
-#[test]
-fn heartbeat_does_not_ping_a_client_whose_tcp_acknowledged_what_it_was_sent() {
+#[tokio::test(start_paused = true)]
+async fn heartbeat_does_not_ping_a_client_whose_tcp_acknowledged_what_it_was_sent() {
     let o = Outbound::new(1 << 20);
     let wire = FakeWire::with_room(1 << 20);
     o.attach(wire.clone(), Duration::ZERO);
-    o.last_rx_ms.store(now_ms() - 9_000, Ordering::Relaxed);
+    tokio::time::advance(Duration::from_secs(9)).await;
     o.push(Push::Envelope(ServerSeq::new(1), "e1".into()));
     wire.ack_age_ms.store(100, Ordering::SeqCst);
     assert_eq!(o.beat(10_000, 3, 5_000), Beat::Acknowledged);
     assert_eq!(wire.texts(), ["e1"], "no ping");
     // The acknowledgement counts as a sign of life.
-    assert!(now_ms() - o.last_rx_ms.load(Ordering::Relaxed) < 1_000);
+    assert_eq!(o.last_rx_ms.load(Ordering::Relaxed), o.now_ms());
 
     // Nothing sent since the last beat: an old acknowledgement says
     // nothing, so the client is pinged and must answer.
@@ -96,6 +102,6 @@ fn heartbeat_does_not_ping_a_client_whose_tcp_acknowledged_what_it_was_sent() {
     assert_eq!(o.beat(10_000, 3, 5_000), Beat::Pinged);
     take(&o);
     // Only pings and no answer: idle as before.
-    o.last_rx_ms.store(now_ms() - 11_000, Ordering::Relaxed);
+    tokio::time::advance(Duration::from_secs(11)).await;
     assert_eq!(o.beat(10_000, 3, 5_000), Beat::Idle);
 }
