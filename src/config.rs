@@ -86,7 +86,7 @@ pub struct Config {
 }
 
 /// Per-server, per-token and per-connection limits. Each names what a client
-/// sees when it hits it (README "Limits").
+/// sees when it hits it (`docs/protocol.md`, "Limits a client meets").
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// Open connections on the server (HTTP 503 on upgrade beyond it).
@@ -175,7 +175,8 @@ impl Default for Config {
         // Serving threads on half the cores (rounded up): fewer threads
         // spend less CPU per delivery (fewer sleeps and wake-ups), and a big
         // room's writes still reach every core through the fan-out threads.
-        // Measured in loadtest/README.md, "A big room on every core".
+        // Measured: `docs/perf/experiments.md`, "Fan-out threads and thread
+        // placement".
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2);

@@ -1,5 +1,5 @@
 // Client-side mirror of the server's input rules (src/channels/validate.rs,
-// PROTOCOL.md "Validation"), so a person sees why an answer would be refused
+// docs/protocol.md "Validation"), so a person sees why an answer would be refused
 // before it is sent. Each check returns null (fine) or a message. The rules are
 // the server's; the wording is for people.
 

@@ -1,4 +1,4 @@
-//! Server-side rules for client-dispatched actions (PROTOCOL.md "Validation").
+//! Server-side rules for client-dispatched actions (`docs/protocol.md`, "Validation").
 //! Pure functions over the current state: a violation is a [`Rejection`] with a
 //! reason the sender sees in `rejectionReason`; the state is never touched.
 

@@ -1,5 +1,5 @@
-//! The approval policy of a session (PROTOCOL.md "Approval policy (per
-//! session)") as pure functions over the session's config and `_meta`: which
+//! The approval policy of a session (`docs/protocol.md`, "Approval
+//! policy") as pure functions over the session's config and `_meta`: which
 //! mode is configured and which is in effect, when a tool call is confirmed
 //! without asking, and how a grant is recorded. The session and chat actors
 //! call these; the state they read and write is published and journaled like

@@ -1,6 +1,6 @@
 //! The built-in `scripted` agent: deterministic behaviour driven by the user
 //! message, so people and tests can exercise every interaction without a
-//! model. See PROTOCOL.md "The built-in `scripted` provider".
+//! model. See `docs/protocol.md`, "The `scripted` agent".
 
 use std::collections::BTreeMap;
 use std::time::Duration;

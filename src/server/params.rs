@@ -1,4 +1,5 @@
-//! The params of Tandem's own methods (`tandem/*`, see PROTOCOL.md), and
+//! The params of Tandem's own methods (`tandem/*`, see `docs/protocol.md`,
+//! "Extensions"), and
 //! the checks on them that need no connection state.
 
 use serde_json::Value;
