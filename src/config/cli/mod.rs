@@ -550,6 +550,45 @@ mod tests {
         }
     }
 
+    /// The flags the README's reference table lists, in its order: the
+    /// first cell of each row of the table under `### Every serve flag`.
+    fn readme_flags() -> Vec<String> {
+        let readme = include_str!("../../../README.md");
+        let (_, table) = readme
+            .split_once("### Every serve flag")
+            .expect("the README has a `### Every serve flag` section");
+        table
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .filter_map(|row| {
+                let cell = row.trim_start_matches('|').split('|').next()?.trim();
+                cell.strip_prefix("`--")?
+                    .strip_suffix('`')
+                    .map(|f| format!("--{f}"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_readme_lists_every_serve_flag_once_and_no_other() {
+        let serve = Cli::command();
+        let serve = serve.find_subcommand("serve").expect("the serve command");
+        let flags: Vec<String> = serve
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .map(|l| format!("--{l}"))
+            .collect();
+        let listed = readme_flags();
+        for f in &flags {
+            let n = listed.iter().filter(|l| *l == f).count();
+            assert_eq!(n, 1, "README, \"Every serve flag\": `{f}` is listed {n} times");
+        }
+        for l in &listed {
+            assert!(flags.contains(l), "README lists `{l}`, which `tandem serve` does not take");
+        }
+    }
+
     #[test]
     fn every_flag_has_a_key_that_configures_the_same_server() {
         let dir = Dir::new("keys");
