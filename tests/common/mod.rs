@@ -652,63 +652,25 @@ impl Drop for Scratch {
     }
 }
 
-/// The example binary, next to the `tandem` binary
-/// (`target/debug/examples/`). A plain `cargo test` builds examples, but a
-/// filtered one (`cargo test --test e2e`) does not, so the first test to ask
-/// builds it (a no-op when it is fresh).
+/// The ACP test agent (`examples/acp_test_agent.rs`): `ACP_TEST_AGENT_BIN`
+/// when set, else the example next to the `tandem` binary
+/// (`target/<profile>/examples/`), which `cargo test --workspace` builds.
+/// A filtered run (`cargo test --test e2e`) builds no examples: missing,
+/// the test fails at once saying how to build it.
 pub fn agent_bin() -> std::path::PathBuf {
-    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            if let Some(bin) = std::env::var_os("ACP_TEST_AGENT_BIN") {
-                return bin.into();
-            }
-            let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-            let mut cargo = std::process::Command::new(env!("CARGO"));
-            // `--workspace`: the features `cargo test --workspace` (the
-            // test command) resolved, so the example it built is fresh and
-            // this is a no-op; without it Cargo resolves the package's
-            // features alone and rebuilds the crate and a dozen dependencies.
-            cargo.args([
-                "build",
-                "--workspace",
-                "--example",
-                "acp_test_agent",
-                "--manifest-path",
-                manifest,
-            ]);
-            // Cargo gave this test process the variables it sets for our
-            // package (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`, …); some build
-            // scripts (ring's) rerun when those change, so passing them on
-            // would rebuild half the tree here and again in the next
-            // `cargo test`.
-            for (name, _) in std::env::vars_os() {
-                let name = name.to_string_lossy();
-                let set_for_the_package = [
-                    "CARGO_PKG_",
-                    "CARGO_MANIFEST_",
-                    "CARGO_CRATE_",
-                    "CARGO_BIN_",
-                    "CARGO_PRIMARY_PACKAGE",
-                    "CARGO_TARGET_TMPDIR",
-                    "CARGO_RUSTC_CURRENT_DIR",
-                    "OUT_DIR",
-                ]
-                .iter()
-                .any(|prefix| name.starts_with(prefix));
-                if set_for_the_package {
-                    cargo.env_remove(name.as_ref());
-                }
-            }
-            let status = cargo
-                .status()
-                .expect("run cargo build --example acp_test_agent");
-            assert!(status.success(), "building the test agent: {status}");
-            let tandem = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tandem"));
-            let dir = tandem.parent().expect("the tandem binary has a directory");
-            dir.join("examples").join("acp_test_agent")
-        })
-        .clone()
+    if let Some(bin) = std::env::var_os("ACP_TEST_AGENT_BIN") {
+        return bin.into();
+    }
+    let tandem = std::path::Path::new(env!("CARGO_BIN_EXE_tandem"));
+    let dir = tandem.parent().expect("the tandem binary has a directory");
+    let bin = dir.join("examples").join("acp_test_agent");
+    assert!(
+        bin.is_file(),
+        "the ACP test agent {} is not built: run `cargo build --example acp_test_agent` \
+         (or scripts/test, which builds it), or set ACP_TEST_AGENT_BIN",
+        bin.display()
+    );
+    bin
 }
 
 /// A self-signed certificate for `localhost` and 127.0.0.1, written as PEM
