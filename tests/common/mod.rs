@@ -72,22 +72,16 @@ pub async fn healthz(addr: SocketAddr) -> Value {
 
 /// Wait until `/healthz` counts `n` WebSocket connections.
 pub async fn wait_connections(addr: SocketAddr, n: u64) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let now = healthz(addr).await["connections"].clone();
-        if now == n {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still {now} connections, expected {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(&format!("/healthz counts {n} connections"), || async {
+        (healthz(addr).await["connections"] == n).then_some(())
+    })
+    .await
 }
 
-/// Poll `check` until it yields `Some` (every 20 ms), failing after [`WAIT`]
-/// with `what`: an awaited condition instead of a sleep.
+/// Poll `check` until it yields `Some`, failing after [`WAIT`] with `what`:
+/// an awaited condition. The one polling loop of the tests, for states
+/// that announce themselves to nobody (a figure on `/healthz`, a file, a
+/// process's state); anything that sends an event is waited on instead.
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
@@ -102,6 +96,7 @@ where
             tokio::time::Instant::now() < deadline,
             "timed out waiting until {what}"
         );
+        // The poll interval, not a guess at how long anything takes.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -148,15 +143,8 @@ impl TestServer {
                 let _ = rx.await;
             },
         ));
-        // Wait until it answers.
-        let url = format!("http://{addr}/healthz");
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let _ = url;
+        // No wait: the socket listens from the bind on, and connections
+        // queue until the server accepts them.
         Self {
             addr,
             stop: Some(tx),
@@ -555,37 +543,41 @@ impl ServerProcess {
     }
 
     pub async fn client(&self, client_id: &str) -> TestClient {
-        // The port is bound before the store is recovered; retry briefly.
-        for _ in 0..100 {
-            if let Ok(t) = ahp_ws::WebSocketTransport::connect(&self.url()).await {
-                let client = Client::connect(t, client_config()).await.expect("client");
-                let events = client.events();
-                let init = client
-                    .initialize(client_id.into(), vec!["1.0.0".into()], vec![])
-                    .await
-                    .expect("initialize");
-                return TestClient {
-                    client,
-                    id: client_id.into(),
-                    events,
-                    init,
-                };
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("server at {} never accepted a connection", self.addr);
+        // The process printed its address once it listened: a connection
+        // queues until it serves.
+        let transport = ahp_ws::WebSocketTransport::connect(&self.url())
+            .await
+            .unwrap_or_else(|e| panic!("server at {} refused the connection: {e}", self.addr));
+        let client = Client::connect(transport, client_config())
+            .await
+            .expect("client");
+        TestClient::initialized(client, client_id).await
     }
 
     /// Wait for the process to exit on its own.
     pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = std::time::Instant::now() + within;
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
+        // A thread waits for the exit without reaping it (`WNOWAIT`), so
+        // the process is still this `Child`'s to collect.
+        let pid = self.child.id() as libc::id_t;
+        let (exited, exit) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: `info` is a valid out-parameter for `waitid`.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            loop {
+                // SAFETY: waits on our own child; WNOWAIT leaves it unreaped.
+                let r = unsafe {
+                    libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT)
+                };
+                let interrupted =
+                    std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+                if r == 0 || !interrupted {
+                    break;
+                }
             }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
+            let _ = exited.send(());
+        });
+        exit.recv_timeout(within).ok()?;
+        self.child.try_wait().ok().flatten()
     }
 
     /// SIGKILL: no shutdown, no flush, no goodbye.

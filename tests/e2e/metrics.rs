@@ -147,7 +147,8 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
     let (session, chat) = c.create_session().await;
     let mut m = c.subscribe_chat(&chat).await;
     let mut tally = Tally::default();
-    // Spread the workload out: the dispatch budget is 5 per second.
+    // Spread the workload out: the dispatch budget is 5 per second. A
+    // rate kept, not a wait for anything: slower only spends less of it.
     let pace = || tokio::time::sleep(std::time::Duration::from_millis(250));
 
     // Two questions: one answered, one declined; a URL: cancelled.
