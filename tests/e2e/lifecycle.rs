@@ -367,10 +367,11 @@ async fn a_listener_on_a_busy_chat_is_not_pinged_while_its_tcp_acknowledges() {
     // acknowledged). The listener's TCP acknowledges each, so
     // after the first beat that saw them no ping goes out.
     let publishing = tokio::spawn(async move {
+        // The load under test: a steady stream, one draft per tick.
+        let mut every = tokio::time::interval(Duration::from_millis(40));
         for i in 0..75 {
+            every.tick().await;
             driver.dispatch(&chat, draft(&format!("draft {i}"))).await;
-            // The load under test (a steady stream), not synchronisation.
-            tokio::time::sleep(Duration::from_millis(40)).await;
         }
         driver
     });

@@ -206,11 +206,7 @@ impl JetStreamJournal {
     /// connection stays up (JetStream not ready yet), and then only time
     /// says when to try again.
     async fn retry_pause(&self, at_most: Duration) {
-        tokio::select! {
-            // The retry timer itself, not a wait for another task.
-            () = tokio::time::sleep(at_most) => {}
-            () = self.inner.nats.reconnected.notified() => {}
-        }
+        let _ = tokio::time::timeout(at_most, self.inner.nats.reconnected.notified()).await;
     }
 
     /// Watch the channel records: channels other nodes create or dispose.
