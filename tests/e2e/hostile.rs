@@ -39,6 +39,9 @@ const STUCK: u64 = 8;
 const HONEST: usize = 4;
 /// Drafts each honest client sends while the attack runs.
 const DRAFTS: usize = 300;
+/// Attacker frames sent before the honest work starts (and as many again
+/// before the attack stops): every kind of attack has run many times.
+const ATTACK_FRAMES: u64 = 3000;
 /// How long an attacker waits after the server turned it away, or between
 /// bursts of a socket that never reads: the attack's pace, so the attackers
 /// do not just spin.
@@ -300,7 +303,12 @@ async fn hostile_clients_neither_grow_memory_past_the_bound_nor_harm_honest_ones
         }));
     }
 
-    // The honest work, while the attack runs; then the attack stops.
+    // The honest work, once the attack is under way; the attack goes on
+    // past it, then stops.
+    eventually("the attack is under way", || async {
+        (frames.load(Ordering::Relaxed) >= ATTACK_FRAMES).then_some(())
+    })
+    .await;
     let honest: Vec<_> = chats
         .iter()
         .enumerate()
@@ -310,6 +318,10 @@ async fn hostile_clients_neither_grow_memory_past_the_bound_nor_harm_honest_ones
     for h in honest {
         done.push(h.await.expect("an honest client"));
     }
+    eventually("the attack went on past the honest work", || async {
+        (frames.load(Ordering::Relaxed) >= 2 * ATTACK_FRAMES).then_some(())
+    })
+    .await;
     stop.send_replace(true);
     let peak_kib = peak_rss_kib(pid);
     for a in attackers {
