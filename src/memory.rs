@@ -78,14 +78,11 @@ pub fn stats() -> Option<AllocatorStats> {
     ALLOCATOR.get().and_then(|a| (a.stats)())
 }
 
-/// How long the threads get to flush their caches before the release.
-const FLUSH_GRACE: Duration = Duration::from_millis(20);
-
 /// Memory was freed in bulk (sessions disposed): release it
 /// [`RELEASE_DELAY`] from now, unless a release is already due. Each of
 /// `threads` (the arbiters sessions ran on) first hands its cached free
-/// blocks back, then every arena's unused pages go back to the system.
-/// Runs on the calling actix arbiter.
+/// blocks back, then, once all have, every arena's unused pages go back to
+/// the system. Runs on the calling actix arbiter.
 pub fn release_soon(threads: Vec<actix::dev::ArbiterHandle>) {
     let Some(allocator) = ALLOCATOR.get().copied() else {
         return;
@@ -93,14 +90,28 @@ pub fn release_soon(threads: Vec<actix::dev::ArbiterHandle>) {
     if RELEASE_PENDING.swap(true, Ordering::AcqRel) {
         return;
     }
+    let release_at = tokio::time::Instant::now() + RELEASE_DELAY;
     actix::spawn(async move {
-        tokio::time::sleep(RELEASE_DELAY).await;
+        // A timer, not a wait for work elsewhere: disposals arriving until
+        // then share this release.
+        tokio::time::sleep_until(release_at).await;
         RELEASE_PENDING.store(false, Ordering::Release);
-        for t in &threads {
-            t.spawn_fn(allocator.flush_thread);
-        }
+        let flushed: Vec<_> = threads
+            .iter()
+            .filter_map(|t| {
+                let (done, flushed) = tokio::sync::oneshot::channel::<()>();
+                t.spawn(async move {
+                    (allocator.flush_thread)();
+                    let _ = done.send(());
+                })
+                .then_some(flushed)
+            })
+            .collect();
         (allocator.flush_thread)();
-        tokio::time::sleep(FLUSH_GRACE).await;
+        // Every thread flushed (or its arbiter stopped, dropping `done`).
+        for f in flushed {
+            let _ = f.await;
+        }
         (allocator.release)();
     });
 }

@@ -2,11 +2,11 @@
 //! browser test (`web/tests/browser.test.mjs`) passes in real headless
 //! Chromium against a server on 127.0.0.1:0.
 //!
-//! What the browser test needs and the machine lacks is installed here, so
-//! `cargo test` alone is enough on a fresh machine: Debian's `chromium` (and
-//! Node.js) with apt-get, and `playwright-core` with npm into
-//! `web/tests/node_modules` (not saved; ignored by git). Only loopback
-//! traffic: the pages load from the test server and speak AHP to its `/ahp`.
+//! What the browser tests need beyond Rust — Debian's `chromium`, Node.js,
+//! and `playwright-core` in `web/tests/node_modules` — is installed by
+//! `scripts/test`; a test that finds one missing fails at once naming it.
+//! Only loopback traffic: the pages load from the test server and speak
+//! AHP to its `/ahp`.
 
 mod common;
 
@@ -17,7 +17,6 @@ use std::time::Duration;
 use common::*;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
-const PLAYWRIGHT: &str = "playwright-core@1";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -32,73 +31,30 @@ fn works(cmd: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn run(what: &str, cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Install Chromium, Node.js and playwright-core when missing (once for
-/// every test here).
-fn ensure_browser_tools(web_tests: &Path) {
-    static DONE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
-    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if !*done {
-        install_browser_tools(web_tests);
-        *done = true;
-    }
-}
-
-fn install_browser_tools(web_tests: &Path) {
-    let mut apt: Vec<&str> = Vec::new();
+/// Fail at once, naming what is missing, unless Chromium, Node.js and
+/// playwright-core are all there.
+fn require_browser_tools(web_tests: &Path) {
+    let mut missing = Vec::new();
     if !Path::new(CHROMIUM).exists() {
-        apt.push("chromium");
+        missing.push(format!("chromium ({CHROMIUM})"));
     }
-    if !works("node") || !works("npm") {
-        apt.extend(["nodejs", "npm"]);
-    }
-    if !apt.is_empty() {
-        eprintln!("installing {apt:?} with apt-get");
-        run(
-            "apt-get update",
-            Command::new("apt-get")
-                .arg("update")
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        );
-        run(
-            "apt-get install",
-            Command::new("apt-get")
-                .args(["install", "-y", "--no-install-recommends"])
-                .args(&apt)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        );
+    if !works("node") {
+        missing.push("node (Node.js)".to_owned());
     }
     if !web_tests
         .join("node_modules/playwright-core/package.json")
         .exists()
     {
-        eprintln!("installing {PLAYWRIGHT} into {}", web_tests.display());
-        run(
-            "npm install playwright-core",
-            Command::new("npm")
-                .args([
-                    "install",
-                    "--no-save",
-                    "--no-package-lock",
-                    "--no-audit",
-                    "--no-fund",
-                    PLAYWRIGHT,
-                ])
-                .current_dir(web_tests),
-        );
+        missing.push(format!(
+            "playwright-core in {}",
+            web_tests.join("node_modules").display()
+        ));
     }
+    assert!(
+        missing.is_empty(),
+        "the browser tests need {}: run scripts/test, which installs them",
+        missing.join(", ")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,13 +106,11 @@ async fn the_web_client_is_served_from_the_binary() {
     server.stop().await;
 }
 
-/// Install what the page tests need, then run `file` (under `web/tests/`)
+/// Check what the page tests need, then run `file` (under `web/tests/`)
 /// with Node and `env`; it must pass `passes` tests within `limit`.
 async fn run_page_tests(file: &str, env: &[(&str, String)], passes: usize, limit: Duration) {
     let web_tests = repo().join("web/tests");
-    tokio::task::spawn_blocking(move || ensure_browser_tools(&web_tests))
-        .await
-        .expect("install step");
+    require_browser_tools(&web_tests);
     let mut node = tokio::process::Command::new("node");
     node.args([
         "--test",
@@ -267,10 +221,7 @@ async fn the_admin_view_shows_the_server_to_an_admin_only() {
 async fn the_browsers_text_operations_agree_with_the_servers() {
     use tandem::coedit::TextOp;
     let web_tests = repo().join("web/tests");
-    let dir = web_tests.clone();
-    tokio::task::spawn_blocking(move || ensure_browser_tools(&dir))
-        .await
-        .expect("install step");
+    require_browser_tools(&web_tests);
     // A small fixed generator: the same cases every run.
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move |n: usize| {

@@ -18,6 +18,7 @@ use tandem_loadtest::scenarios::{
     drafts::{self, DraftsArgs},
     durable::{self, DurableArgs},
     fanout::{self, FanoutArgs},
+    hostile::{self, HostileArgs},
     reconnect::{self, ReconnectArgs},
     recovery::{self, RecoveryArgs},
 };
@@ -90,6 +91,11 @@ enum Command {
     /// receiver, CPU per delivery, the latency a cross-node hop adds, and
     /// the ratios.
     Cluster(ClusterArgs),
+    /// Honest clients alone, then beside a hostile tenant (oversize
+    /// strings, sockets that never read, a subscription flood): honest
+    /// echo p99 in both phases and the ratio, server memory before and at
+    /// its peak.
+    Hostile(HostileArgs),
     /// Run the baseline broadcast server (what `fanout` compares against).
     Baseline {
         /// Address to listen on.
@@ -112,6 +118,7 @@ async fn run_scenario(cmd: &Command, opts: &ServerOpts) -> anyhow::Result<Scenar
         Command::Recovery(a) => recovery::run(a, opts).await,
         Command::AgentStream(a) => agent_stream::run(a, opts).await,
         Command::Cluster(a) => cluster::run(a, opts).await,
+        Command::Hostile(a) => hostile::run(a, opts).await,
         Command::Baseline { .. } => unreachable!("handled before the runtime starts"),
     }
 }

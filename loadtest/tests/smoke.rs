@@ -198,52 +198,28 @@ async fn coedit_keeps_every_keystroke_and_everyone_agrees() {
     assert!(!r.failed, "{:?}", r.targets);
 }
 
-/// The ACP test agent (`examples/acp_test_agent.rs` of the server crate),
-/// built in debug like the server's own e2e tests do: `ACP_TEST_AGENT_BIN`
-/// if set, else `cargo build --workspace --example acp_test_agent` (a no-op
-/// when fresh).
+/// The ACP test agent (`examples/acp_test_agent.rs` of the server crate):
+/// `ACP_TEST_AGENT_BIN` when set, else the example `cargo test --workspace`
+/// builds beside this test (`target/<profile>/examples/`). Missing, the test
+/// fails at once saying how to build it.
 fn acp_test_agent() -> std::path::PathBuf {
     if let Some(bin) = std::env::var_os("ACP_TEST_AGENT_BIN") {
         return bin.into();
     }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut cargo = std::process::Command::new(env!("CARGO"));
-    // `--workspace`: the features the test command resolved, so the agent
-    // it built is fresh (without it Cargo rebuilds the crate and a dozen
-    // dependencies for the package's features alone).
-    cargo.args([
-        "build",
-        "--workspace",
-        "--example",
-        "acp_test_agent",
-        "--manifest-path",
-    ]);
-    cargo.arg(root.join("Cargo.toml"));
-    // Cargo's variables for this package would make some build scripts
-    // rerun for the agent's build (and again in the next `cargo test`).
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if [
-            "CARGO_PKG_",
-            "CARGO_MANIFEST_",
-            "CARGO_CRATE_",
-            "CARGO_BIN_",
-        ]
-        .iter()
-        .any(|p| name.starts_with(p))
-            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&name.as_ref())
-        {
-            cargo.env_remove(name.as_ref());
-        }
-    }
-    let status = cargo
-        .status()
-        .expect("run cargo build --example acp_test_agent");
-    assert!(status.success(), "building the ACP test agent: {status}");
-    // This test runs from target/debug/deps.
+    // This test runs from target/<profile>/deps.
     let exe = std::env::current_exe().expect("the test's own path");
-    let debug = exe.parent().and_then(|d| d.parent()).expect("target/debug");
-    debug.join("examples").join("acp_test_agent")
+    let profile = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>");
+    let bin = profile.join("examples").join("acp_test_agent");
+    assert!(
+        bin.is_file(),
+        "the ACP test agent {} is not built: run `cargo build --example acp_test_agent` \
+         (or scripts/test, which builds it), or set ACP_TEST_AGENT_BIN",
+        bin.display()
+    );
+    bin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

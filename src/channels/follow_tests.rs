@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ahp_types::actions::{ActionOrigin, StateAction};
-use parking_lot::Mutex;
 
 use super::commit::STORE_RETRY;
 use super::forward::{ForwardReply, ForwardRequest};
@@ -24,8 +23,28 @@ use crate::transport::Outbound;
 
 /// A link on which this node owns nothing and every forward gets `reply`.
 struct FakeLink {
-    forwarded: Mutex<Vec<Vec<u8>>>,
+    forwarded: tokio::sync::watch::Sender<Vec<Vec<u8>>>,
     reply: Vec<u8>,
+}
+
+impl FakeLink {
+    fn new(reply: Vec<u8>) -> Arc<Self> {
+        Arc::new(Self {
+            forwarded: tokio::sync::watch::channel(Vec::new()).0,
+            reply,
+        })
+    }
+
+    /// Wait until `n` requests were forwarded, and return them.
+    async fn forwarded(&self, n: usize) -> Vec<Vec<u8>> {
+        let mut rx = self.forwarded.subscribe();
+        let forwarded = tokio::time::timeout(testing::WAIT, rx.wait_for(|f| f.len() >= n))
+            .await
+            .expect("forwarded in time")
+            .expect("the link is there")
+            .clone();
+        forwarded
+    }
 }
 
 impl ClusterLink for FakeLink {
@@ -41,7 +60,7 @@ impl ClusterLink for FakeLink {
     fn follows(&self, _: &ChannelUri) {}
     fn follow(&self, _: Arc<dyn Fn(ClusterEvent) + Send + Sync>) {}
     fn forward(&self, _: &ChannelUri, body: Vec<u8>) -> LinkFuture<Result<Vec<u8>, String>> {
-        self.forwarded.lock().push(body);
+        self.forwarded.send_modify(|f| f.push(body));
         Box::pin(std::future::ready(Ok(self.reply.clone())))
     }
     fn serve(&self, _: ForwardHandler) {}
@@ -142,6 +161,8 @@ fn title_frames(conn: &Outbound) -> Vec<String> {
 
 #[actix::test]
 async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards_its_clients() {
+    // Paused: the follower's read again comes due as the test says.
+    tokio::time::pause();
     let uri = "ahp-session:/s";
     let journal = Arc::new(TestJournal::default());
     let (agents, _turns) = TestAgents::new();
@@ -163,10 +184,7 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
     let reply = ForwardReply::Rejected {
         reason: "refused by the owner".into(),
     };
-    let link = Arc::new(FakeLink {
-        forwarded: Mutex::default(),
-        reply: reply.encode(),
-    });
+    let link = FakeLink::new(reply.encode());
     let copy = follow(&journal, agents, link.clone(), uri).await;
     let watcher = subscribed(&copy).await;
     let start = journal.len(&uri.into()).get();
@@ -206,9 +224,7 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
         action: title("from bob"),
         as_agent: false,
     });
-    let _ = copy.send(GetSessionState).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let sent = link.forwarded.lock().clone();
+    let sent = link.forwarded(1).await;
     assert_eq!(sent.len(), 1);
     let Ok(ForwardRequest::Dispatch {
         channel, origin, ..
@@ -217,7 +233,7 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
         panic!("a forwarded dispatch");
     };
     assert_eq!((channel.as_str(), origin.client_id.as_str()), (uri, "bob"));
-    let got = testing::frames(&client);
+    let got = testing::next_frames(&client).await;
     assert!(
         got.iter().any(|f| f.contains("refused by the owner")),
         "{got:?}"
@@ -240,17 +256,26 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
     let state = copy.send(GetSessionState).await.expect("runs");
     assert_eq!(state.title, "three", "behind while the store is away");
     journal.unreadable.store(false, Ordering::SeqCst);
-    let deadline = tokio::time::Instant::now() + STORE_RETRY * 3;
-    let mut frames = title_frames(&watcher);
-    assert!(frames.is_empty(), "{frames:?}");
+    let behind = title_frames(&watcher);
+    assert!(behind.is_empty(), "{behind:?}");
+    // On paused time: the read again is due one STORE_RETRY after the
+    // failed one, whatever the machine's load.
+    let asked = tokio::time::Instant::now();
+    let mut frames = Vec::new();
     while frames.len() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the follower never read the channel again: {frames:?}"
+        frames.extend(
+            testing::next_frames(&watcher)
+                .await
+                .into_iter()
+                .filter(|f| f.contains("session/titleChanged")),
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        frames.extend(title_frames(&watcher));
     }
+    // Timers fire on a millisecond tick: one more at most.
+    assert!(
+        asked.elapsed() <= STORE_RETRY + Duration::from_millis(1),
+        "read again within one retry: {:?}",
+        asked.elapsed()
+    );
     assert!(
         frames[0].contains("\"four\"") && frames[1].contains("\"five\""),
         "{frames:?}"
@@ -272,10 +297,7 @@ async fn a_forwarded_action_a_follower_reads_again_after_a_gap_is_echoed_to_its_
     let owner = testing::shared(journal.clone(), agents.clone());
     let (owner_root, _) = testing::root(&owner).await;
     let owned = testing::session(&owner, &owner_root, uri).await;
-    let link = Arc::new(FakeLink {
-        forwarded: Mutex::default(),
-        reply: ForwardReply::Done.encode(),
-    });
+    let link = FakeLink::new(ForwardReply::Done.encode());
     let copy = follow(&journal, agents, link.clone(), uri).await;
     let start = journal.len(&uri.into()).get();
 
@@ -287,9 +309,7 @@ async fn a_forwarded_action_a_follower_reads_again_after_a_gap_is_echoed_to_its_
         action: title("from bob"),
         as_agent: false,
     });
-    let _ = copy.send(GetSessionState).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(link.forwarded.lock().len(), 1, "forwarded to the owner");
+    assert_eq!(link.forwarded(1).await.len(), 1, "forwarded to the owner");
 
     // The owner journals it (as the forward would have it do), then Ann's.
     let ann = Arc::new(Outbound::new(1 << 20));

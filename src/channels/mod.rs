@@ -30,7 +30,7 @@ mod follow_tests;
 #[cfg(test)]
 mod props;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 use std::sync::Arc;
 

@@ -8,17 +8,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use ahp_types::actions::ActionOrigin;
+use ahp_types::actions::{ActionOrigin, StateAction};
 use ahp_types::state::AgentInfo;
 use ahp_types::ROOT_RESOURCE_URI;
+use serde_json::json;
 use tokio::sync::{mpsc, watch};
 
 use super::agent::{Agent, AgentDirectory, AgentTurn};
 use super::core::Shared;
 use super::registry::{Channel, ChannelAddr};
 use super::root::{CreateSession, RootActor};
+use super::session::GetSessionState;
 use super::session::SessionActor;
-use super::Subscribe;
+use super::{ClientDispatch, Subscribe};
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::publish::Hub;
 use crate::store::{
@@ -74,13 +76,17 @@ impl TestJournal {
 
     /// Wait until an event matching `pred` happened.
     pub async fn wait_event(&self, what: &str, pred: impl Fn(&str) -> bool) {
+        let seen = self.seen_within(WAIT, pred).await;
+        assert!(seen, "no {what} in {:?}", self.events.borrow());
+    }
+
+    /// Whether an event matching `pred` happens (or happened) within
+    /// `within`. On paused time a `false` is exact: everything due before
+    /// the window closed has run.
+    pub async fn seen_within(&self, within: Duration, pred: impl Fn(&str) -> bool) -> bool {
         let mut rx = self.events.subscribe();
-        let seen = tokio::time::timeout(WAIT, rx.wait_for(|v| v.iter().any(|e| pred(e)))).await;
-        assert!(
-            matches!(seen, Ok(Ok(_))),
-            "no {what} in {:?}",
-            self.events.borrow()
-        );
+        let seen = tokio::time::timeout(within, rx.wait_for(|v| v.iter().any(|e| pred(e)))).await;
+        matches!(seen, Ok(Ok(_)))
     }
 
     /// Every event so far.
@@ -322,10 +328,84 @@ pub async fn session(
     }
 }
 
+/// Wait until frames are queued on `conn` (woken as its socket side would
+/// be) and take their texts; fails after [`WAIT`].
+pub async fn next_frames(conn: &Outbound) -> Vec<String> {
+    use crate::transport::{Frame, Take};
+    let taken = tokio::time::timeout(
+        WAIT,
+        std::future::poll_fn(|cx| match conn.poll_take(cx, false) {
+            Take::Ready(taken) => std::task::Poll::Ready(taken),
+            Take::Empty | Take::Paced => std::task::Poll::Pending,
+        }),
+    )
+    .await
+    .expect("frames are queued in time");
+    taken
+        .frames
+        .into_iter()
+        .filter_map(|f| match f {
+            Frame::Text { data, .. } => Some(data.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The text frames queued on `conn` since the last call.
 pub fn frames(conn: &Outbound) -> Vec<String> {
     conn.drain_for_test()
         .into_iter()
         .map(|f| f.to_string())
         .collect()
+}
+
+/// `action` from a client on `conn`, numbered `seq`.
+pub fn dispatch(conn: &Arc<Outbound>, seq: i64, action: serde_json::Value) -> ClientDispatch {
+    let action: StateAction = serde_json::from_value(action).expect("an action");
+    assert!(!matches!(action, StateAction::Unknown(_)), "{action:?}");
+    ClientDispatch {
+        conn: super::Dispatcher::Conn(conn.clone().into()),
+        origin: ActionOrigin {
+            client_id: "client".into(),
+            client_seq: seq,
+        },
+        action,
+        as_agent: false,
+    }
+}
+
+/// A session's default chat with a turn running on the test agent.
+pub async fn chat_with_a_turn() -> (
+    Arc<TestJournal>,
+    actix::Addr<crate::channels::chat::ChatActor>,
+    Arc<Outbound>,
+    crate::channels::agent::AgentTurn,
+) {
+    let journal = Arc::new(TestJournal::default());
+    let (agents, mut turns) = TestAgents::new();
+    let shared = shared(journal.clone(), agents);
+    let (root, _) = root(&shared).await;
+    let session = session(&shared, &root, "ahp-session:/s").await;
+    let chat_uri = session
+        .send(GetSessionState)
+        .await
+        .expect("session runs")
+        .default_chat
+        .expect("a default chat");
+    let Some(ChannelAddr::Chat(chat)) = shared.registry.get(&chat_uri).map(|c| c.addr) else {
+        panic!("the chat is registered");
+    };
+
+    let client = Arc::new(Outbound::new(1 << 20));
+    chat.do_send(dispatch(
+        &client,
+        1,
+        json!({"type": "chat/turnStarted", "turnId": "t1", "startedAt": crate::time::now_rfc3339(),
+               "message": {"text": "hi", "origin": {"kind": "user"}}}),
+    ));
+    let turn = tokio::time::timeout(WAIT, turns.recv())
+        .await
+        .expect("the agent gets the turn in time")
+        .expect("a turn");
+    (journal, chat, client, turn)
 }

@@ -132,8 +132,11 @@ impl RemoteAgent {
             st.generation
         };
         let me = self.clone();
+        let gone_at = tokio::time::Instant::now() + self.grace;
         actix::spawn(async move {
-            tokio::time::sleep(me.grace).await;
+            // The grace period's timer: a registration meanwhile bumps the
+            // generation, and this then does nothing.
+            tokio::time::sleep_until(gone_at).await;
             let turns: Vec<ChatHandle> = {
                 let mut st = me.state.lock();
                 if st.generation != generation || st.serving.is_some() {
@@ -222,5 +225,74 @@ impl Agent for RemoteAgent {
             .lock()
             .turns
             .remove(&(ChannelUri::from(chat), turn_id.to_owned()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channels::testing::{self, chat_with_a_turn};
+
+    const GRACE: Duration = Duration::from_secs(3);
+
+    fn info() -> AgentInfo {
+        AgentInfo {
+            provider: "remote".into(),
+            display_name: "Remote".into(),
+            description: "On a provider connection".into(),
+            models: Vec::new(),
+            protected_resources: None,
+            customizations: None,
+            capabilities: None,
+        }
+    }
+
+    fn turn_frames(conn: &Outbound) -> usize {
+        testing::frames(conn)
+            .iter()
+            .filter(|f| f.contains("tandem/turn"))
+            .count()
+    }
+
+    /// On paused time: a provider that registers again within the grace
+    /// period gets its turn back; one that does not come back has it ended
+    /// with `ProviderGone` exactly one grace period after it left.
+    #[actix::test]
+    async fn a_turn_waits_one_grace_period_for_its_provider_to_come_back() {
+        tokio::time::pause();
+        let (journal, _chat, _client, turn) = chat_with_a_turn().await;
+        let first = Arc::new(Outbound::new(1 << 20));
+        let agent = Arc::new(RemoteAgent::new(
+            info(),
+            first.clone(),
+            Principal::local(),
+            GRACE,
+        ));
+        agent.start_turn(turn);
+        assert_eq!(turn_frames(&first), 1, "the turn reaches the provider");
+
+        // Gone, and back halfway through the grace period.
+        agent.detach(first.id());
+        tokio::time::advance(GRACE / 2).await;
+        let second = Arc::new(Outbound::new(1 << 20));
+        agent.attach(second.clone(), Principal::local());
+        assert_eq!(turn_frames(&second), 1, "the waiting turn is handed over");
+
+        // Gone for good: the first departure's timer comes due first and
+        // does nothing; the turn ends one grace period after the second.
+        let left = tokio::time::Instant::now();
+        agent.detach(second.id());
+        journal
+            .wait_event("the turn's end", |e| {
+                e.contains("chat/error") && e.contains("ProviderGone")
+            })
+            .await;
+        // Timers fire on a millisecond tick; the first departure's would
+        // have ended it half a grace period earlier.
+        let waited = left.elapsed();
+        assert!(
+            (GRACE..=GRACE + Duration::from_millis(1)).contains(&waited),
+            "ended when the grace period ran out: {waited:?}"
+        );
     }
 }

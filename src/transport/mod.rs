@@ -35,7 +35,7 @@ pub(crate) use fanout::Fanout;
 pub use fanout::MIN_SHARE as FANOUT_MIN_SHARE;
 pub use heartbeat::heartbeat;
 pub use inbound::{Inbound, ReadError, Received};
-pub use outbound::{Beat, CloseCause, FlushOnDrop, Outbound, Push, Wire};
+pub use outbound::{Beat, CloseCause, FlushOnDrop, Frame, Outbound, Push, Take, Taken, Wire};
 pub use socket::{OnGone, Upgraded, Writer};
 
 #[cfg(test)]

@@ -72,22 +72,16 @@ pub async fn healthz(addr: SocketAddr) -> Value {
 
 /// Wait until `/healthz` counts `n` WebSocket connections.
 pub async fn wait_connections(addr: SocketAddr, n: u64) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let now = healthz(addr).await["connections"].clone();
-        if now == n {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still {now} connections, expected {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(&format!("/healthz counts {n} connections"), || async {
+        (healthz(addr).await["connections"] == n).then_some(())
+    })
+    .await
 }
 
-/// Poll `check` until it yields `Some` (every 20 ms), failing after [`WAIT`]
-/// with `what`: an awaited condition instead of a sleep.
+/// Poll `check` until it yields `Some`, failing after [`WAIT`] with `what`:
+/// an awaited condition. The one polling loop of the tests, for states
+/// that announce themselves to nobody (a figure on `/healthz`, a file, a
+/// process's state); anything that sends an event is waited on instead.
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
@@ -102,6 +96,7 @@ where
             tokio::time::Instant::now() < deadline,
             "timed out waiting until {what}"
         );
+        // The poll interval, not a guess at how long anything takes.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -148,15 +143,8 @@ impl TestServer {
                 let _ = rx.await;
             },
         ));
-        // Wait until it answers.
-        let url = format!("http://{addr}/healthz");
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let _ = url;
+        // No wait: the socket listens from the bind on, and connections
+        // queue until the server accepts them.
         Self {
             addr,
             stop: Some(tx),
@@ -555,37 +543,41 @@ impl ServerProcess {
     }
 
     pub async fn client(&self, client_id: &str) -> TestClient {
-        // The port is bound before the store is recovered; retry briefly.
-        for _ in 0..100 {
-            if let Ok(t) = ahp_ws::WebSocketTransport::connect(&self.url()).await {
-                let client = Client::connect(t, client_config()).await.expect("client");
-                let events = client.events();
-                let init = client
-                    .initialize(client_id.into(), vec!["1.0.0".into()], vec![])
-                    .await
-                    .expect("initialize");
-                return TestClient {
-                    client,
-                    id: client_id.into(),
-                    events,
-                    init,
-                };
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("server at {} never accepted a connection", self.addr);
+        // The process printed its address once it listened: a connection
+        // queues until it serves.
+        let transport = ahp_ws::WebSocketTransport::connect(&self.url())
+            .await
+            .unwrap_or_else(|e| panic!("server at {} refused the connection: {e}", self.addr));
+        let client = Client::connect(transport, client_config())
+            .await
+            .expect("client");
+        TestClient::initialized(client, client_id).await
     }
 
     /// Wait for the process to exit on its own.
     pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = std::time::Instant::now() + within;
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
+        // A thread waits for the exit without reaping it (`WNOWAIT`), so
+        // the process is still this `Child`'s to collect.
+        let pid = self.child.id() as libc::id_t;
+        let (exited, exit) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: `info` is a valid out-parameter for `waitid`.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            loop {
+                // SAFETY: waits on our own child; WNOWAIT leaves it unreaped.
+                let r = unsafe {
+                    libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT)
+                };
+                let interrupted =
+                    std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+                if r == 0 || !interrupted {
+                    break;
+                }
             }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
+            let _ = exited.send(());
+        });
+        exit.recv_timeout(within).ok()?;
+        self.child.try_wait().ok().flatten()
     }
 
     /// SIGKILL: no shutdown, no flush, no goodbye.
@@ -652,63 +644,25 @@ impl Drop for Scratch {
     }
 }
 
-/// The example binary, next to the `tandem` binary
-/// (`target/debug/examples/`). A plain `cargo test` builds examples, but a
-/// filtered one (`cargo test --test e2e`) does not, so the first test to ask
-/// builds it (a no-op when it is fresh).
+/// The ACP test agent (`examples/acp_test_agent.rs`): `ACP_TEST_AGENT_BIN`
+/// when set, else the example next to the `tandem` binary
+/// (`target/<profile>/examples/`), which `cargo test --workspace` builds.
+/// A filtered run (`cargo test --test e2e`) builds no examples: missing,
+/// the test fails at once saying how to build it.
 pub fn agent_bin() -> std::path::PathBuf {
-    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            if let Some(bin) = std::env::var_os("ACP_TEST_AGENT_BIN") {
-                return bin.into();
-            }
-            let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-            let mut cargo = std::process::Command::new(env!("CARGO"));
-            // `--workspace`: the features `cargo test --workspace` (the
-            // test command) resolved, so the example it built is fresh and
-            // this is a no-op; without it Cargo resolves the package's
-            // features alone and rebuilds the crate and a dozen dependencies.
-            cargo.args([
-                "build",
-                "--workspace",
-                "--example",
-                "acp_test_agent",
-                "--manifest-path",
-                manifest,
-            ]);
-            // Cargo gave this test process the variables it sets for our
-            // package (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`, …); some build
-            // scripts (ring's) rerun when those change, so passing them on
-            // would rebuild half the tree here and again in the next
-            // `cargo test`.
-            for (name, _) in std::env::vars_os() {
-                let name = name.to_string_lossy();
-                let set_for_the_package = [
-                    "CARGO_PKG_",
-                    "CARGO_MANIFEST_",
-                    "CARGO_CRATE_",
-                    "CARGO_BIN_",
-                    "CARGO_PRIMARY_PACKAGE",
-                    "CARGO_TARGET_TMPDIR",
-                    "CARGO_RUSTC_CURRENT_DIR",
-                    "OUT_DIR",
-                ]
-                .iter()
-                .any(|prefix| name.starts_with(prefix));
-                if set_for_the_package {
-                    cargo.env_remove(name.as_ref());
-                }
-            }
-            let status = cargo
-                .status()
-                .expect("run cargo build --example acp_test_agent");
-            assert!(status.success(), "building the test agent: {status}");
-            let tandem = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tandem"));
-            let dir = tandem.parent().expect("the tandem binary has a directory");
-            dir.join("examples").join("acp_test_agent")
-        })
-        .clone()
+    if let Some(bin) = std::env::var_os("ACP_TEST_AGENT_BIN") {
+        return bin.into();
+    }
+    let tandem = std::path::Path::new(env!("CARGO_BIN_EXE_tandem"));
+    let dir = tandem.parent().expect("the tandem binary has a directory");
+    let bin = dir.join("examples").join("acp_test_agent");
+    assert!(
+        bin.is_file(),
+        "the ACP test agent {} is not built: run `cargo build --example acp_test_agent` \
+         (or scripts/test, which builds it), or set ACP_TEST_AGENT_BIN",
+        bin.display()
+    );
+    bin
 }
 
 /// A self-signed certificate for `localhost` and 127.0.0.1, written as PEM

@@ -1,48 +1,28 @@
-//! A real `nats-server` with JetStream for cluster tests: Debian's package,
-//! installed with apt-get when the machine lacks it, started on a free
-//! loopback port with its store in a temp directory, killed on drop.
+//! A real `nats-server` with JetStream for cluster tests: Debian's package
+//! (`scripts/test` installs it), started on a free loopback port with its
+//! store in a temp directory, killed on drop.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The `nats-server` program, installed on first use if missing.
+/// The `nats-server` program: on `PATH`, or where Debian's package puts
+/// it. Missing, the test fails at once saying how to get it.
 pub fn nats_server_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let find = || {
-            [
-                "/usr/sbin/nats-server",
-                "/usr/bin/nats-server",
-                "/usr/local/bin/nats-server",
-            ]
-            .into_iter()
-            .map(PathBuf::from)
-            .find(|p| p.exists())
-        };
-        if let Some(p) = find() {
-            return p;
-        }
-        eprintln!("installing nats-server with apt-get");
-        for args in [
-            vec!["update"],
-            vec!["install", "-y", "--no-install-recommends", "nats-server"],
-        ] {
-            let ok = Command::new("apt-get")
-                .args(&args)
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(
-                ok,
-                "apt-get {args:?} failed: cluster tests need nats-server"
-            );
-        }
-        find().expect("nats-server installed but not found")
-    })
-    .clone()
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain(["/usr/sbin", "/usr/local/sbin"].map(PathBuf::from))
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "nats-server not found on PATH or in /usr/sbin: run scripts/test, which installs it"
+            )
+        })
 }
 
 /// One `nats-server -js` on loopback.
@@ -83,12 +63,13 @@ impl NatsServer {
         }
     }
 
-    /// Start it again on the same port and store; returns once it accepts
-    /// connections.
+    /// Start it again on the same port and store; returns once it says it
+    /// is ready (its listeners are up by then).
     pub fn restart(&mut self) {
+        use std::io::{BufRead, Write};
         self.stop();
-        let log = std::fs::File::create(self.dir.join("nats.log")).expect("log");
-        let child = Command::new(nats_server_bin())
+        let mut log = std::fs::File::create(self.dir.join("nats.log")).expect("log");
+        let mut child = Command::new(nats_server_bin())
             .args([
                 "-a",
                 "127.0.0.1",
@@ -99,15 +80,31 @@ impl NatsServer {
             ])
             .arg(self.dir.join("js"))
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start nats-server");
+        // Its log goes on to the file; the line that says it is ready is
+        // the signal.
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = writeln!(log, "{line}");
+                if line.contains("Server is ready") {
+                    let _ = ready_tx.send(());
+                }
+            }
+        });
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        ready
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "nats-server did not start: see {}",
+                    self.dir.join("nats.log").display()
+                )
+            });
     }
 }
 

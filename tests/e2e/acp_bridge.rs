@@ -452,7 +452,12 @@ async fn a_chat_is_reattached_to_its_acp_session_after_a_restart_where_the_agent
         .status()
         .expect("kill");
     assert!(killed.success());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Gone from /proc once the bridge's exit watcher has reaped it.
+    let proc_dir = format!("/proc/{pid}");
+    common::eventually("the killed agent is reaped", || async {
+        (!std::path::Path::new(&proc_dir).exists()).then_some(())
+    })
+    .await;
     a.start_turn(&chat, "third words").await;
     finished(&mut a, &mut m, 3).await;
     assert_eq!(logged(&log, "session/load").len(), 2);

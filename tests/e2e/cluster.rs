@@ -189,15 +189,15 @@ async fn without_nats_writes_are_refused_reads_go_on_and_service_resumes_by_itse
         (healthz(a.addr).await["cluster"]["nats"] == "connected").then_some(())
     })
     .await;
-    let mut accepted = None;
-    for _ in 0..50 {
-        if title(&mut c, &session, "after").await.is_none() {
-            accepted = Some(());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(accepted.is_some(), "writes resume");
+    let client = tokio::sync::Mutex::new(&mut c);
+    eventually("writes resume", || async {
+        let mut c = client.lock().await;
+        title(&mut c, &session, "after")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
     drop(c);
     drop(a);
     // Everything acknowledged is in the stream: a fresh node start reads it.
@@ -290,8 +290,28 @@ async fn a_lease_this_node_cannot_write_under_is_given_up() {
     })
     .await;
     assert_eq!(j.owned(), 1);
-    // Renewals go on for the other chat, well past its lease time.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    use futures_util::StreamExt;
+    // Renewals go on for the other chat, well past its lease time: four
+    // renewals, a third of a lease apart, outlast an unrenewed lease.
+    let client = async_nats::connect(nats.url())
+        .await
+        .expect("connect to NATS");
+    let leases = async_nats::jetstream::new(client)
+        .get_key_value(tandem::store::jetstream::lease::LEASES)
+        .await
+        .expect("the lease bucket");
+    let mut renewals = leases
+        .watch(tandem::store::jetstream::token(kept.as_str()))
+        .await
+        .expect("watch the kept lease");
+    for n in 1..=4 {
+        let entry = tokio::time::timeout(crate::common::WAIT, renewals.next())
+            .await
+            .unwrap_or_else(|_| panic!("renewal {n} in time"))
+            .expect("the watch goes on")
+            .expect("a renewal");
+        assert_eq!(entry.operation, async_nats::jetstream::kv::Operation::Put);
+    }
     assert_eq!(
         j.leases()
             .holder(kept.as_str())

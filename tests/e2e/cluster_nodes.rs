@@ -31,12 +31,14 @@ async fn join_chat(c: &TestClient, chat: &str) -> ChatMirror {
     c.subscribe_chat(chat).await
 }
 
-/// A fresh snapshot of `chat` from `node`.
+/// A fresh snapshot of `chat` from `node`, once it serves the chat (a node
+/// back from a NATS outage refuses subscriptions until it has read the
+/// chat again).
 async fn fresh(node: &ServerProcess, chat: &str) -> ChatState {
     let c = node
         .client(&format!("fresh-{}", uuid::Uuid::new_v4()))
         .await;
-    let m = c.subscribe_chat(chat).await;
+    let m = join_chat(&c, chat).await;
     c.client.shutdown().await;
     m.state
 }
@@ -164,16 +166,33 @@ struct Written {
     mirror: ChatMirror,
 }
 
-/// Start turns on `chat` one after the other for `run` (each waits for
-/// the previous to end: by the agent, or by the node that took the chat
-/// over); a refused start is tried again shortly.
-async fn write_turns(mut c: TestClient, chat: String, tag: String, run: Duration) -> Written {
+/// How long a writer waits after a refused start before it tries again:
+/// a client's retry pace while no node runs its chat (a takeover, NATS
+/// away), not a wait for anything.
+const RETRY_AFTER_REFUSAL: Duration = Duration::from_millis(200);
+
+/// What one writer's start came to, reported as it happens.
+struct Outcome {
+    writer: usize,
+    accepted: bool,
+}
+
+/// Start turns on `chat` one after the other (each waits for the previous
+/// to end: by the agent, or by the node that took the chat over) until
+/// `stop` says so, reporting each outcome on `report`; a refused start is
+/// tried again shortly.
+async fn write_turns(
+    mut c: TestClient,
+    chat: String,
+    writer: usize,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    report: tokio::sync::mpsc::UnboundedSender<Outcome>,
+) -> Written {
     let mut m = join_chat(&c, &chat).await;
-    let deadline = tokio::time::Instant::now() + run;
     let (mut accepted, mut refused) = (Vec::new(), 0);
     let mut i = 0;
-    while tokio::time::Instant::now() < deadline {
-        let text = format!("{tag}-{i}");
+    while !*stop.borrow() {
+        let text = format!("w{writer}-{i}");
         i += 1;
         let seq = c
             .dispatch(
@@ -182,20 +201,68 @@ async fn write_turns(mut c: TestClient, chat: String, tag: String, run: Duration
             )
             .await;
         let echo = c.wait_echo(Some(&mut m), seq).await;
-        if echo.rejection_reason.is_some() {
+        let ok = echo.rejection_reason.is_none();
+        let _ = report.send(Outcome {
+            writer,
+            accepted: ok,
+        });
+        if !ok {
             refused += 1;
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Retried after the pause, or at once when told to stop.
+            let _ = tokio::time::timeout(RETRY_AFTER_REFUSAL, stop.changed()).await;
             continue;
         }
         accepted.push(text);
         c.wait_state(&mut m, |s| s.active_turn.is_none()).await;
-        tokio::time::sleep(Duration::from_millis(150)).await;
     }
     Written {
         accepted,
         refused,
         client: c,
         mirror: m,
+    }
+}
+
+/// The writers' outcomes as the test reads them.
+struct Tally {
+    outcomes: tokio::sync::mpsc::UnboundedReceiver<Outcome>,
+    accepted: Vec<usize>,
+    refused: Vec<usize>,
+}
+
+impl Tally {
+    /// Writers that report on the returned sender, numbered from 0.
+    fn new(writers: usize) -> (Self, tokio::sync::mpsc::UnboundedSender<Outcome>) {
+        let (tx, outcomes) = tokio::sync::mpsc::unbounded_channel();
+        let tally = Self {
+            outcomes,
+            accepted: vec![0; writers],
+            refused: vec![0; writers],
+        };
+        (tally, tx)
+    }
+
+    /// Read outcomes until `done` holds of the counts (accepted, refused per
+    /// writer), failing after [`WAIT`](crate::common::WAIT) with `what`.
+    async fn until(&mut self, what: &str, done: impl Fn(&[usize], &[usize]) -> bool) {
+        let deadline = tokio::time::Instant::now() + crate::common::WAIT;
+        while !done(&self.accepted, &self.refused) {
+            let o = tokio::time::timeout_at(deadline, self.outcomes.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "timed out waiting until {what}: accepted {:?}, refused {:?}",
+                        self.accepted, self.refused
+                    )
+                })
+                .expect("the writers report");
+            let counts = if o.accepted {
+                &mut self.accepted
+            } else {
+                &mut self.refused
+            };
+            counts[o.writer] += 1;
+        }
     }
 }
 
@@ -251,30 +318,41 @@ async fn an_owner_killed_mid_load_hands_its_chats_to_a_surviving_node_and_nothin
     let mut ma = ca.subscribe_chat(&chat1).await;
 
     // Writers on b and c, one chat each, both run by a.
-    let run = Duration::from_secs(6);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (mut tally, report) = Tally::new(2);
     let wb = tokio::spawn(write_turns(
         b.client("bob").await,
         chat1.clone(),
-        "bob".into(),
-        run,
+        0,
+        stopped.clone(),
+        report.clone(),
     ));
     let wc = tokio::spawn(write_turns(
         c.client("cat").await,
         chat2.clone(),
-        "cat".into(),
-        run,
+        1,
+        stopped,
+        report,
     ));
     let mut ca = ca;
     ca.wait_state(&mut ma, |s| s.turns.len() >= 3).await;
     a.kill();
     // A number a handed Ann (her snapshot's).
     let last_seen_on_a = ma.from_seq;
+    tally
+        .until("a write is refused while nobody runs the chats", |_, r| {
+            r.iter().sum::<usize>() > 0
+        })
+        .await;
+    let before = tally.accepted.clone();
+    tally
+        .until("both write again on the surviving nodes", |a, _| {
+            a.iter().zip(&before).all(|(now, then)| now >= &(then + 3))
+        })
+        .await;
+    stop.send_replace(true);
     let (mut wb, mut wc) = (wb.await.expect("bob"), wc.await.expect("cat"));
     assert!(wb.accepted.len() > 3 && wc.accepted.len() > 3, "both wrote");
-    assert!(
-        wb.refused + wc.refused > 0,
-        "writes are refused while nobody runs the chats"
-    );
     let owned = healthz(b.addr).await["cluster"]["channelsOwned"]
         .as_u64()
         .unwrap_or(0)
@@ -318,19 +396,42 @@ async fn nats_restarted_mid_load_refuses_writes_meanwhile_loses_nothing_and_resu
     let ca = a.client("ann").await;
     let (_session, chat1) = ca.create_session().await;
     let (_session2, chat2) = ca.create_session().await;
-    let run = Duration::from_secs(7);
     // One writer on the owner, one on a follower.
-    let wa = tokio::spawn(write_turns(ca, chat1.clone(), "ann".into(), run));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (mut tally, report) = Tally::new(2);
+    let wa = tokio::spawn(write_turns(
+        ca,
+        chat1.clone(),
+        0,
+        stopped.clone(),
+        report.clone(),
+    ));
     let wb = tokio::spawn(write_turns(
         b.client("bob").await,
         chat2.clone(),
-        "bob".into(),
-        run,
+        1,
+        stopped,
+        report,
     ));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tally
+        .until("both write", |a, _| a.iter().all(|&n| n >= 3))
+        .await;
     nats.stop();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tally
+        // The owner's writer is refused at once; the follower's forwarded
+        // start may wait for NATS to come back instead.
+        .until("writes are refused while NATS is away", |_, r| {
+            r.iter().sum::<usize>() > 0
+        })
+        .await;
     nats.restart();
+    let before = tally.accepted.clone();
+    tally
+        .until("both write again after the restart", |a, _| {
+            a.iter().zip(&before).all(|(now, then)| now >= &(then + 3))
+        })
+        .await;
+    stop.send_replace(true);
     let (mut wa, mut wb) = (wa.await.expect("ann"), wb.await.expect("bob"));
     assert!(
         wa.refused + wb.refused > 0,

@@ -467,16 +467,17 @@ async fn a_channel_the_store_cannot_read_back_refuses_subscriptions_with_why_unt
     })
     .await;
     assert_eq!(now.draft, before.draft, "the refused write is not visible");
-    let mut writes = None;
-    for _ in 0..40 {
+    let client = tokio::sync::Mutex::new(&mut c);
+    eventually("writes resume", || async {
+        let mut c = client.lock().await;
         let seq = c.dispatch(&chat, draft("stored now")).await;
-        if c.wait_echo(None, seq).await.rejection_reason.is_none() {
-            writes = Some(());
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(writes.is_some(), "writes resume");
+        c.wait_echo(None, seq)
+            .await
+            .rejection_reason
+            .is_none()
+            .then_some(())
+    })
+    .await;
     server.stop().await;
 }
 
@@ -530,20 +531,18 @@ async fn a_write_refused_but_stored_reaches_every_client_and_writes_resume() {
     );
 
     // The channel takes writes again once it has read the store back.
-    let mut accepted = false;
-    for _ in 0..40 {
+    let writer = tokio::sync::Mutex::new((&mut b, &mut mb));
+    eventually("writes resume", || async {
+        let mut w = writer.lock().await;
+        let (b, mb) = &mut *w;
         let seq = b.dispatch(&chat, draft("later")).await;
-        if b.wait_echo(Some(&mut mb), seq)
+        b.wait_echo(Some(&mut **mb), seq)
             .await
             .rejection_reason
             .is_none()
-        {
-            accepted = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    }
-    assert!(accepted, "writes resume");
+            .then_some(())
+    })
+    .await;
     a.wait_state(&mut ma, |s| {
         s.draft.as_ref().is_some_and(|d| d.text == "later")
     })

@@ -11,6 +11,73 @@ use tandem::Config;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 
+/// A WebSocket on `addr` that will say nothing and answer nothing (no
+/// pong: a frozen tab), kept as raw TCP so that reading it answers nothing
+/// either.
+async fn silent_socket(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        b"GET /ahp HTTP/1.1\r\nHost: tandem\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .await
+    .expect("handshake");
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        let n = tokio::time::timeout(WAIT, s.read(&mut byte))
+            .await
+            .expect("handshake answer in time")
+            .expect("read");
+        assert_eq!(n, 1, "the server answers the handshake");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s
+}
+
+/// Read `s` as raw frames until the server closes it: the close frame's
+/// reason, or `Err` when the socket ended or was reset without one.
+async fn close_reason(s: &mut tokio::net::TcpStream) -> Result<String, String> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    loop {
+        // Whole server frames (unmasked) at the front of `buf`.
+        let mut at = 0;
+        while buf.len() >= at + 2 {
+            let (op, len7) = (buf[at] & 0x0f, (buf[at + 1] & 0x7f) as usize);
+            let (len, head) = match len7 {
+                126 if buf.len() >= at + 4 => {
+                    (u16::from_be_bytes([buf[at + 2], buf[at + 3]]) as usize, 4)
+                }
+                127 if buf.len() >= at + 10 => {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(&buf[at + 2..at + 10]);
+                    (u64::from_be_bytes(b) as usize, 10)
+                }
+                126 | 127 => break,
+                n => (n, 2),
+            };
+            if buf.len() < at + head + len {
+                break;
+            }
+            if op == 0x8 {
+                let payload = &buf[at + head..at + head + len];
+                return Ok(String::from_utf8_lossy(payload.get(2..).unwrap_or_default()).into());
+            }
+            at += head + len;
+        }
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk).await {
+            Ok(0) => return Err("ended".into()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_socket_is_closed_after_the_idle_timeout() {
     let config = Config {
@@ -19,37 +86,23 @@ async fn a_silent_socket_is_closed_after_the_idle_timeout() {
         ..Config::default()
     };
     let server = TestServer::start_with(config).await;
-    let (mut ws, _) = tokio_tungstenite::connect_async(server.url())
+    // An active client, connected first: its idle deadline would come
+    // before the silent socket's.
+    let active = server.client("active").await;
+    let mut silent = silent_socket(server.addr).await;
+    let close = tokio::time::timeout(WAIT, close_reason(&mut silent))
         .await
-        .expect("connect");
-    // Say nothing and read nothing (so no pong goes back) for a while.
-    tokio::time::sleep(Duration::from_millis(1800)).await;
-    let close = tokio::time::timeout(WAIT, async {
-        loop {
-            match ws.next().await {
-                Some(Ok(Message::Close(c))) => return Ok(c),
-                Some(Ok(_)) => continue,
-                Some(Err(e)) => return Err(e.to_string()),
-                None => return Err("stream ended".into()),
-            }
-        }
-    })
-    .await
-    .expect("closed in time");
-    // The server closes with "idle …"; a client that was not reading may
-    // instead see the socket gone when it answers the queued pings.
+        .expect("closed in time");
+    // The server closes with "idle …"; the socket may instead be reset
+    // when the server gives up on a peer that reads nothing.
     match close {
-        Ok(Some(c)) => assert!(c.reason.contains("idle"), "{c:?}"),
-        Ok(None) => panic!("closed without a reason"),
-        Err(e) => assert!(
-            e.contains("Broken pipe") || e.contains("reset") || e.contains("ended"),
-            "{e}"
-        ),
+        Ok(reason) => assert!(reason.contains("idle"), "{reason:?}"),
+        Err(e) => assert!(e.contains("reset") || e.contains("ended"), "{e}"),
     }
-    // An active client is not affected.
-    let c = server.client("active").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    c.client
+    // The active client, connected longer than the silent one, is still
+    // served.
+    active
+        .client
         .ping()
         .await
         .expect("an active client stays connected");
@@ -236,10 +289,11 @@ async fn disposed_sessions_leave_only_the_stated_budgets() {
             .await
             .expect("disposeSession");
     }
-    // The release runs a moment after the last disposal.
-    tokio::time::sleep(tandem::memory::RELEASE_DELAY * 2).await;
-    let after = healthz(server.addr).await;
-    assert_eq!(after["channels"], 1, "{after}");
+    let after = eventually("every disposed channel is gone", || async {
+        let now = healthz(server.addr).await;
+        (now["channels"] == 1).then_some(now)
+    })
+    .await;
     let ring = after["replayRingBytes"].as_u64().expect("ring bytes");
     let footprint = after["replayRingFootprintBytes"]
         .as_u64()
@@ -313,9 +367,11 @@ async fn a_listener_on_a_busy_chat_is_not_pinged_while_its_tcp_acknowledges() {
     // acknowledged). The listener's TCP acknowledges each, so
     // after the first beat that saw them no ping goes out.
     let publishing = tokio::spawn(async move {
+        // The load under test: a steady stream, one draft per tick.
+        let mut every = tokio::time::interval(Duration::from_millis(40));
         for i in 0..75 {
+            every.tick().await;
             driver.dispatch(&chat, draft(&format!("draft {i}"))).await;
-            tokio::time::sleep(Duration::from_millis(40)).await;
         }
         driver
     });

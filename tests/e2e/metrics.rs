@@ -147,8 +147,11 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
     let (session, chat) = c.create_session().await;
     let mut m = c.subscribe_chat(&chat).await;
     let mut tally = Tally::default();
-    // Spread the workload out: the dispatch budget is 5 per second.
-    let pace = || tokio::time::sleep(std::time::Duration::from_millis(250));
+    // Spread the workload out: the dispatch budget is 5 per second, and
+    // steps at most 4 a second stay within it (slower only spends less).
+    let mut pace = tokio::time::interval(std::time::Duration::from_millis(250));
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    pace.tick().await;
 
     // Two questions: one answered, one declined; a URL: cancelled.
     for (spec, response) in [
@@ -172,12 +175,12 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
             .await;
         c.wait_state(&mut m, |s| open_request_id(s).is_some()).await;
         let rid = open_request_id(&m.state).expect("request");
-        pace().await;
+        pace.tick().await;
         let done = json!({"type": "chat/inputCompleted", "requestId": rid, "response": response});
         let echo = tally.send(&mut c, &mut m, &chat, action(done)).await;
         assert!(echo.rejection_reason.is_none(), "{echo:?}");
         c.wait_state(&mut m, |s| s.active_turn.is_none()).await;
-        pace().await;
+        pace.tick().await;
     }
 
     // Two tool calls: one approved, one denied.
@@ -191,14 +194,14 @@ async fn metrics_count_what_a_known_workload_did_and_parse_as_prometheus_text() 
             .wait_for(Some(&mut m), |e| is_open_tool(e).is_some())
             .await;
         let (turn_id, call) = is_open_tool(&ready).expect("a tool call");
-        pace().await;
+        pace.tick().await;
         let option = if approved { "approve-once" } else { "deny" };
         let confirm = json!({"type": "chat/toolCallConfirmed", "turnId": turn_id, "toolCallId": call,
             "approved": approved, "selectedOptionId": option});
         let echo = tally.send(&mut c, &mut m, &chat, action(confirm)).await;
         assert!(echo.rejection_reason.is_none(), "{echo:?}");
         c.wait_state(&mut m, |s| s.active_turn.is_none()).await;
-        pace().await;
+        pace.tick().await;
     }
 
     // Refused: an answer to no request (invalid), then a burst past the

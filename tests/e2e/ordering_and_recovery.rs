@@ -301,6 +301,7 @@ async fn read_until_close(mut slow: Ws, mut mirror: ChatMirror) -> SlowOutcome {
                 // A client slower than the server's first second after its
                 // close: the server keeps the socket while the client still
                 // takes what was sent before it.
+                // The slowness under test, not synchronisation.
                 tokio::time::sleep(SLOW_READ).await;
                 let v: Value = serde_json::from_str(&t).expect("json frame");
                 assert_eq!(v["method"], "action", "only actions before the close: {v}");

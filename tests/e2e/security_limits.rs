@@ -100,7 +100,10 @@ async fn a_client_that_asks_for_snapshots_and_never_reads_is_evicted() {
     }
     // The client stays away for a while (it is not reading), then reads
     // what the server kept for it: a few replies the kernel already held,
-    // then the eviction — not 100 snapshots.
+    // then the eviction — not 100 snapshots. A sleep, because the server
+    // shows the eviction nowhere until the close frame is written, which
+    // needs this client to read (the connection stays open on /healthz and
+    // the eviction is counted on /metrics only then).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut replies = 0;
     let close = loop {

@@ -7,6 +7,7 @@ pub mod connections;
 pub mod drafts;
 pub mod durable;
 pub mod fanout;
+pub mod hostile;
 pub mod reconnect;
 pub mod recovery;
 pub mod store;

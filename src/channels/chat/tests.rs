@@ -7,67 +7,15 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ahp_types::actions::{ActionOrigin, StateAction};
+use ahp_types::actions::StateAction;
 use ahp_types::state::ChatInputRequest;
 use serde_json::json;
 
-use crate::channels::registry::ChannelAddr;
-use crate::channels::session::GetSessionState;
-use crate::channels::testing::{self, TestAgents, TestJournal, WAIT};
+use crate::channels::testing::{chat_with_a_turn, dispatch, TestJournal, WAIT};
 use crate::channels::ClientDispatch;
 use crate::channels::{DispatchConn, Dispatcher};
 use crate::interactions::{Interaction, Outcome};
-use crate::transport::{FakeWire, Outbound, Push};
-
-fn dispatch(conn: &Arc<Outbound>, seq: i64, action: serde_json::Value) -> ClientDispatch {
-    let action: StateAction = serde_json::from_value(action).expect("an action");
-    assert!(!matches!(action, StateAction::Unknown(_)), "{action:?}");
-    ClientDispatch {
-        conn: crate::channels::Dispatcher::Conn(conn.clone().into()),
-        origin: ActionOrigin {
-            client_id: "client".into(),
-            client_seq: seq,
-        },
-        action,
-        as_agent: false,
-    }
-}
-
-/// A session's default chat with a turn running on the test agent.
-async fn chat_with_a_turn() -> (
-    Arc<TestJournal>,
-    actix::Addr<crate::channels::chat::ChatActor>,
-    Arc<Outbound>,
-    crate::channels::agent::AgentTurn,
-) {
-    let journal = Arc::new(TestJournal::default());
-    let (agents, mut turns) = TestAgents::new();
-    let shared = testing::shared(journal.clone(), agents);
-    let (root, _) = testing::root(&shared).await;
-    let session = testing::session(&shared, &root, "ahp-session:/s").await;
-    let chat_uri = session
-        .send(GetSessionState)
-        .await
-        .expect("session runs")
-        .default_chat
-        .expect("a default chat");
-    let Some(ChannelAddr::Chat(chat)) = shared.registry.get(&chat_uri).map(|c| c.addr) else {
-        panic!("the chat is registered");
-    };
-
-    let client = Arc::new(Outbound::new(1 << 20));
-    chat.do_send(dispatch(
-        &client,
-        1,
-        json!({"type": "chat/turnStarted", "turnId": "t1", "startedAt": crate::time::now_rfc3339(),
-               "message": {"text": "hi", "origin": {"kind": "user"}}}),
-    ));
-    let turn = tokio::time::timeout(WAIT, turns.recv())
-        .await
-        .expect("the agent gets the turn in time")
-        .expect("a turn");
-    (journal, chat, client, turn)
-}
+use crate::transport::{FakeWire, Outbound, Push, Wire};
 
 fn delta(text: &str) -> StateAction {
     serde_json::from_value(json!({"type": "chat/responsePart", "turnId": "t1",
@@ -146,6 +94,9 @@ async fn a_turn_whose_update_the_store_refused_ends_with_an_error_once_the_store
 
 #[actix::test]
 async fn a_turn_refused_while_the_store_was_cut_off_ends_with_an_error_once_it_is_back() {
+    // Paused: the chat's store retries come due as the test says, however
+    // busy the machine is.
+    tokio::time::pause();
     let (journal, _chat, _client, turn) = chat_with_a_turn().await;
     journal.unwritable.store(true, Ordering::SeqCst);
     let refused = turn.handle.emit(delta("lost")).await;
@@ -153,11 +104,14 @@ async fn a_turn_refused_while_the_store_was_cut_off_ends_with_an_error_once_it_i
         refused.as_ref().is_err_and(|r| r.0.contains("read-only")),
         "{refused:?}"
     );
-    tokio::time::sleep(crate::channels::commit::STORE_RETRY * 2).await;
-    assert!(
-        !journal.events().iter().any(|e| e.contains("chat/error")),
-        "nothing is written while the store is cut off"
-    );
+    // On paused time the retry due after one STORE_RETRY has run, and
+    // found the store cut off, before this window closes.
+    let written = journal
+        .seen_within(crate::channels::commit::STORE_RETRY * 2, |e| {
+            e.contains("chat/error")
+        })
+        .await;
+    assert!(!written, "nothing is written while the store is cut off");
     journal.unwritable.store(false, Ordering::SeqCst);
     turn_ended_by_the_store(&journal).await;
 }
@@ -176,26 +130,44 @@ fn dispatch_held(
     }
 }
 
+/// A [`FakeWire`] that says when it was written to.
+struct WatchedWire {
+    inner: Arc<FakeWire>,
+    writes: tokio::sync::watch::Sender<usize>,
+}
+
+impl WatchedWire {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            inner: FakeWire::with_room(1 << 20),
+            writes: tokio::sync::watch::channel(0).0,
+        })
+    }
+}
+
+impl Wire for WatchedWire {
+    fn try_write(&self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.try_write(buf)?;
+        self.writes.send_modify(|w| *w += 1);
+        Ok(n)
+    }
+}
+
 /// Wait until `wire` holds `n` frames.
-async fn frames(wire: &FakeWire, n: usize) -> Vec<String> {
-    tokio::time::timeout(WAIT, async {
-        loop {
-            let texts = wire.texts();
-            if texts.len() >= n {
-                return texts;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the frames are written in time")
+async fn frames(wire: &WatchedWire, n: usize) -> Vec<String> {
+    let mut writes = wire.writes.subscribe();
+    tokio::time::timeout(WAIT, writes.wait_for(|_| wire.inner.texts().len() >= n))
+        .await
+        .expect("the frames are written in time")
+        .expect("the wire is there");
+    wire.inner.texts()
 }
 
 #[actix::test]
 async fn a_held_dispatch_reply_leaves_in_one_write_with_the_echo_or_the_rejection() {
     let (journal, chat, _, _turn) = chat_with_a_turn().await;
     let client = Arc::new(Outbound::new(1 << 20));
-    let wire = FakeWire::with_room(1 << 20);
+    let wire = WatchedWire::new();
     client.attach(wire.clone(), std::time::Duration::ZERO);
     let draft = |text: &str| json!({"type": "chat/draftChanged", "draft": {"text": text, "origin": {"kind": "user"}}});
 
@@ -207,7 +179,7 @@ async fn a_held_dispatch_reply_leaves_in_one_write_with_the_echo_or_the_rejectio
         texts[1].contains("chat/draftChanged") && texts[1].contains("\"clientSeq\":2"),
         "{texts:?}"
     );
-    assert_eq!(wire.writers().len(), 1, "reply and echo in one write");
+    assert_eq!(wire.inner.writers().len(), 1, "reply and echo in one write");
 
     // Refused by the chat (a second turn while one runs): with the rejection.
     let again = json!({"type": "chat/turnStarted", "turnId": "t2", "startedAt": crate::time::now_rfc3339(),
@@ -216,7 +188,7 @@ async fn a_held_dispatch_reply_leaves_in_one_write_with_the_echo_or_the_rejectio
     let texts = frames(&wire, 4).await;
     assert_eq!(texts[2], "reply 3");
     assert!(texts[3].contains("rejectionReason"), "{texts:?}");
-    assert_eq!(wire.writers().len(), 2);
+    assert_eq!(wire.inner.writers().len(), 2);
 
     // Refused by the store: with the rejection.
     journal.fail_appends.store(true, Ordering::SeqCst);
@@ -228,5 +200,8 @@ async fn a_held_dispatch_reply_leaves_in_one_write_with_the_echo_or_the_rejectio
     // A dispatch nobody handles (its chat gone): the reply leaves when it
     // is dropped.
     drop(dispatch_held(&client, 5, draft("z"), "reply 5"));
-    assert_eq!(wire.texts().last().map(String::as_str), Some("reply 5"));
+    assert_eq!(
+        wire.inner.texts().last().map(String::as_str),
+        Some("reply 5")
+    );
 }

@@ -582,10 +582,16 @@ mod tests {
         let listed = readme_flags();
         for f in &flags {
             let n = listed.iter().filter(|l| *l == f).count();
-            assert_eq!(n, 1, "README, \"Every serve flag\": `{f}` is listed {n} times");
+            assert_eq!(
+                n, 1,
+                "README, \"Every serve flag\": `{f}` is listed {n} times"
+            );
         }
         for l in &listed {
-            assert!(flags.contains(l), "README lists `{l}`, which `tandem serve` does not take");
+            assert!(
+                flags.contains(l),
+                "README lists `{l}`, which `tandem serve` does not take"
+            );
         }
     }
 

@@ -25,6 +25,7 @@ impl Inner {
                 };
                 if c.queue.is_empty() {
                     c.in_flight = false;
+                    self.settled.notify_all();
                     return;
                 }
                 (std::mem::take(&mut c.queue), c.len, c.last_seq, c.turns)

@@ -84,6 +84,7 @@ impl Journal for JetStreamJournal {
 
     fn remove(&self, channel: &ChannelUri) {
         self.inner.chans.lock().remove(channel);
+        self.inner.settled.notify_all();
         if self.inner.followed.lock().remove(channel) {
             // Another node's channel: only this node's copy goes (its
             // owner removes what is stored).
@@ -315,17 +316,16 @@ impl Journal for JetStreamJournal {
         // Every append is acknowledged once JetStream stored it; wait for
         // the ones in flight.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while self
-            .inner
-            .chans
-            .lock()
-            .values()
-            .any(|c| c.in_flight || !c.queue.is_empty())
-        {
-            if std::time::Instant::now() > deadline {
+        let mut chans = self.inner.chans.lock();
+        while chans.values().any(|c| c.in_flight || !c.queue.is_empty()) {
+            if self
+                .inner
+                .settled
+                .wait_until(&mut chans, deadline)
+                .timed_out()
+            {
                 return Err(unavailable("sync", "appends still in flight after 10 s"));
             }
-            std::thread::sleep(Duration::from_millis(5));
         }
         Ok(())
     }

@@ -37,6 +37,12 @@ pub const NODE_PREFIX: &str = "tandem.node";
 pub const ANNOUNCE_SUBJECT: &str = "tandem.announce";
 /// How long a forwarded request waits for its owner's answer.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a follow waits before making its consumer or watch again after
+/// NATS refused it (at most: it tries again as soon as NATS reconnects).
+const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
+/// How long a follow waits before making its consumer or watch again after
+/// it ended (NATS went away or came back).
+const RESUME_AFTER_END: Duration = Duration::from_millis(200);
 /// How long a channel's owner, once looked up, is trusted.
 const OWNER_TTL: Duration = Duration::from_secs(1);
 
@@ -161,7 +167,7 @@ impl JetStreamJournal {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot follow the journal yet; trying again");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    self.retry_pause(RETRY_AFTER_ERROR).await;
                     continue;
                 }
             };
@@ -191,8 +197,16 @@ impl JetStreamJournal {
                     sink(ClusterEvent::Appended(r));
                 }
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            self.retry_pause(RESUME_AFTER_END).await;
         }
+    }
+
+    /// Wait before a follow tries again: until NATS reconnects, or `at_most`.
+    /// A timer as well as the event: a consumer or watch can fail while the
+    /// connection stays up (JetStream not ready yet), and then only time
+    /// says when to try again.
+    async fn retry_pause(&self, at_most: Duration) {
+        let _ = tokio::time::timeout(at_most, self.inner.nats.reconnected.notified()).await;
     }
 
     /// Watch the channel records: channels other nodes create or dispose.
@@ -202,7 +216,7 @@ impl JetStreamJournal {
                 Ok(w) => w,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot watch the channel records yet; trying again");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    self.retry_pause(RETRY_AFTER_ERROR).await;
                     continue;
                 }
             };
@@ -228,7 +242,7 @@ impl JetStreamJournal {
                     }
                 }
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            self.retry_pause(RESUME_AFTER_END).await;
         }
     }
 
@@ -315,8 +329,9 @@ impl JetStreamJournal {
                 continue;
             }
             let waiting = waiting.clone();
+            let gives_up_at = tokio::time::Instant::now() + FORWARD_TIMEOUT;
             tokio::spawn(async move {
-                tokio::time::sleep(FORWARD_TIMEOUT).await;
+                tokio::time::sleep_until(gives_up_at).await;
                 if let Some(done) = waiting.lock().remove(&id) {
                     let _ = done.send(Err(format!(
                         "node `{owner}` did not answer within {} s",

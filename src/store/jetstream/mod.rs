@@ -178,6 +178,11 @@ struct Inner {
     node: String,
     lease: Duration,
     chans: Mutex<HashMap<ChannelUri, Chan>>,
+    /// Signalled on `chans` whenever a channel's appends are all stored
+    /// (none in flight, none queued), for [`Journal::sync`] to wait on.
+    ///
+    /// [`Journal::sync`]: crate::store::Journal::sync
+    settled: parking_lot::Condvar,
     /// The leases this node holds, renewed in the background.
     owned: Mutex<HashMap<ChannelUri, lease::Lease>>,
     /// Channels another node owns: this node follows them.
@@ -249,6 +254,7 @@ impl JetStreamJournal {
                 node: cfg.node_id.clone(),
                 lease: cfg.lease,
                 chans: Mutex::new(HashMap::new()),
+                settled: parking_lot::Condvar::new(),
                 owned: Mutex::new(HashMap::new()),
                 followed: Mutex::default(),
                 owners: Mutex::default(),

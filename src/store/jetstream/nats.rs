@@ -70,13 +70,19 @@ impl Nats {
             .map_err(|e| unavailable("bad URL", e))?;
         let reconnected = Arc::new(tokio::sync::Notify::new());
         let notify = reconnected.clone();
+        // Set at every connection, the first one included: what the start
+        // waits for.
+        let (connected_tx, mut connected) = tokio::sync::watch::channel(false);
+        let connected_tx = Arc::new(connected_tx);
         let client = async_nats::ConnectOptions::new()
             .name("tandem")
             .event_callback(move |event| {
                 let notify = notify.clone();
+                let connected_tx = connected_tx.clone();
                 async move {
                     tracing::info!(%event, "NATS connection");
                     if matches!(event, async_nats::Event::Connected) {
+                        connected_tx.send_replace(true);
                         notify.notify_waiters();
                     }
                 }
@@ -89,18 +95,15 @@ impl Nats {
             .map_err(|e| unavailable("connect", e))?;
         // A first connection that cannot be made fails the start instead of
         // retrying for ever.
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while client.connection_state() != async_nats::connection::State::Connected {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await
-        .map_err(|_| {
-            unavailable(
+        let up = tokio::time::timeout(Duration::from_secs(10), connected.wait_for(|up| *up))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if !up {
+            return Err(unavailable(
                 "connect",
                 format!("no NATS server answered at {} within 10 s", urls.join(", ")),
-            )
-        })?;
+            ));
+        }
         let js = jetstream::ContextBuilder::new()
             .timeout(Duration::from_secs(5))
             .build(client);

@@ -2,7 +2,9 @@
 //! background and taken back after an outage only if nobody wrote
 //! meanwhile, and the fence message that makes a takeover final.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use async_nats::jetstream;
 use bytes::Bytes;
@@ -17,13 +19,8 @@ impl JetStreamJournal {
     /// refused from then on.
     pub(super) fn start_renewing(&self) {
         let weak = Arc::downgrade(&self.inner);
-        let period = self.inner.lease / 3;
-        self.inner.rt.spawn(async move {
-            loop {
-                tokio::time::sleep(period).await;
-                let Some(inner) = weak.upgrade() else {
-                    return;
-                };
+        let period = renewal_period(self.inner.lease);
+        self.inner.rt.spawn(every(period, weak, |inner| async move {
                 let journal = JetStreamJournal { inner };
                 let leases = journal.leases();
                 let held: Vec<lease::Lease> =
@@ -69,8 +66,7 @@ impl JetStreamJournal {
                         }
                     }
                 }
-            }
-        });
+        }));
     }
 
     /// Take `channel` for this node: its lease, then a fence on its
@@ -206,5 +202,93 @@ impl JetStreamJournal {
     pub fn lost(&self, channel: &ChannelUri, why: &str) {
         let mut chans = self.inner.chans.lock();
         chans.entry(channel.clone()).or_default().fenced = Some(why.to_owned());
+    }
+}
+
+/// How often the leases are renewed: three times per lease time, so a
+/// renewal can fail twice (NATS briefly away) before a lease expires.
+fn renewal_period(lease: Duration) -> Duration {
+    lease / 3
+}
+
+/// Run `round` every `period` while `owner` lives, the first one `period`
+/// after the start. A round that overruns the period (NATS slow to answer)
+/// delays the next one by as much rather than bunching the missed ones.
+async fn every<T, F, Fut>(period: Duration, owner: Weak<T>, mut round: F)
+where
+    F: FnMut(Arc<T>) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(owner) = owner.upgrade() else {
+            return;
+        };
+        round(owner).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc;
+    use tokio::time::Instant;
+
+    const LEASE: Duration = Duration::from_secs(3);
+
+    /// Rounds on paused time: each one reports when it ran, and takes
+    /// `busy[i]` (simulated time) to finish.
+    fn rounds(owner: &Arc<()>, busy: Vec<Duration>) -> mpsc::UnboundedReceiver<Instant> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut busy = busy.into_iter();
+        tokio::spawn(every(
+            renewal_period(LEASE),
+            Arc::downgrade(owner),
+            move |_| {
+                let _ = tx.send(Instant::now());
+                let took = busy.next().unwrap_or_default();
+                async move { tokio::time::advance(took).await }
+            },
+        ));
+        rx
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases_are_renewed_three_times_per_lease_time() {
+        let owner = Arc::new(());
+        let start = Instant::now();
+        let mut ran = rounds(&owner, Vec::new());
+        for n in 1..=6u32 {
+            let at = ran.recv().await.expect("a renewal round");
+            assert_eq!(at - start, LEASE * n / 3, "round {n}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_renewal_delays_the_next_instead_of_bunching_them() {
+        let owner = Arc::new(());
+        let start = Instant::now();
+        // The first round takes two periods and a half (NATS slow to answer).
+        let period = renewal_period(LEASE);
+        let mut ran = rounds(&owner, vec![period * 5 / 2]);
+        assert_eq!(ran.recv().await.expect("round 1") - start, period);
+        let second = ran.recv().await.expect("round 2") - start;
+        let third = ran.recv().await.expect("round 3") - start;
+        assert_eq!(second, period * 7 / 2, "at once when it is overdue");
+        assert_eq!(third - second, period, "then a period apart");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_stop_when_the_journal_is_gone() {
+        let owner = Arc::new(());
+        let mut ran = rounds(&owner, Vec::new());
+        ran.recv().await.expect("a renewal round while it lives");
+        drop(owner);
+        assert!(
+            ran.recv().await.is_none(),
+            "no round after the journal went, and the task ended"
+        );
     }
 }

@@ -30,6 +30,10 @@ use crate::time::millis_since;
 /// the chat's ACP session: `{"id": …}`.
 pub const ACP_SESSION_NOTE: &str = "acpSession";
 
+/// How often the bridge checks its deadlines: a failed prompt's end, and
+/// an agent silent for longer than its idle timeout.
+const CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A turn the agent is working on.
 struct Turn {
     chat: String,
@@ -113,7 +117,11 @@ impl Bridge {
         mut cmds: mpsc::UnboundedReceiver<Cmd>,
         mut decided: mpsc::UnboundedReceiver<Answered>,
     ) {
-        let tick = std::time::Duration::from_millis(250);
+        // The clock for the bridge's deadlines (a turn's idle time, an
+        // answer's wait): one interval, so a steady stream of events does
+        // not keep putting the check off.
+        let mut tick = tokio::time::interval(CHECK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let event = async {
                 match self.events.as_mut() {
@@ -137,7 +145,7 @@ impl Bridge {
                     }
                     None => self.events = None,
                 },
-                _ = tokio::time::sleep(tick) => self.check_time().await,
+                _ = tick.tick() => self.check_time().await,
             }
         }
         if let Some(p) = self.process.take() {

@@ -34,6 +34,8 @@ async fn until(j: &SqliteJournal, done: impl Fn(CommitStats) -> bool) -> CommitS
         if done(stats) {
             return stats;
         }
+        // The poll interval: the checkpointer announces its figures to
+        // nobody, so they are read again until they get there.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the journal never got there: {:?}", j.commit_stats());
@@ -161,6 +163,8 @@ async fn writes_racing_the_checkpointer_are_all_kept_and_the_wal_stays_bounded()
             "the WAL never started over: {:?}",
             j.commit_stats()
         );
+        // Writes calming down is the condition under test: a pause
+        // between them, not a wait for anything.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     drop(j);
