@@ -41,12 +41,31 @@ pub struct Channel {
 #[derive(Default)]
 pub struct Registry {
     channels: DashMap<ChannelUri, Channel>,
+    /// Told after each insert (see [`Registry::wait_for`]).
+    inserted: tokio::sync::Notify,
 }
 
 impl Registry {
     /// Register a channel (replacing nothing: URIs are unique).
     pub fn insert(&self, channel: Channel) {
         self.channels.insert(channel.uri.clone(), channel);
+        self.inserted.notify_waiters();
+    }
+
+    /// The channel `uri` once it is registered, waiting at most `within`.
+    pub async fn wait_for(&self, uri: &str, within: std::time::Duration) -> Option<Channel> {
+        let wait = async {
+            loop {
+                let inserted = self.inserted.notified();
+                tokio::pin!(inserted);
+                inserted.as_mut().enable();
+                if let Some(c) = self.get(uri) {
+                    return c;
+                }
+                inserted.await;
+            }
+        };
+        tokio::time::timeout(within, wait).await.ok()
     }
 
     /// Look a channel up.

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use super::scrape::refusal;
 use super::AppState;
 use crate::ids::ConnId;
+use crate::transport::cause_name;
 
 /// `GET /admin/overview`.
 pub(super) async fn overview(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
@@ -40,6 +41,10 @@ pub(super) async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Ht
                 "subscriptions": subscriptions.get(&id).copied().unwrap_or(0),
                 "queuedBytes": c.out.queued_bytes(),
                 "openSecs": c.since.elapsed().as_secs(),
+                // Why the server is closing it, until its close is written
+                // (a client that reads nothing is evicted long before it
+                // learns why).
+                "closing": c.out.close_cause().map(|cause| cause_name(&cause)),
             })
         })
         .collect();

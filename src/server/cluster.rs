@@ -14,7 +14,7 @@ use crate::channels::{Channel, ChannelAddr};
 use crate::ids::ChannelUri;
 use crate::protocol::RpcError;
 use crate::store::cluster::{ClusterEvent, LinkFuture};
-use crate::store::ChannelKind;
+use crate::store::{ChannelKind, RecoveredChannel};
 
 /// Join the cluster: follow it, answer it, and watch for owners that went
 /// away. Nothing for a single node.
@@ -42,7 +42,7 @@ fn heard(shared: &Arc<Shared>, root: &ChannelAddr, event: ClusterEvent) {
         }
         ClusterEvent::ChannelAdded(uri) => {
             if !shared.registry.contains(&uri) {
-                adopt(shared.clone(), root.clone(), uri, 20);
+                adopt(shared.clone(), root.clone(), uri);
             }
         }
         ClusterEvent::ChannelRemoved(uri) => {
@@ -60,40 +60,57 @@ fn heard(shared: &Arc<Shared>, root: &ChannelAddr, event: ClusterEvent) {
     }
 }
 
+/// Pause between attempts to take a handed-over session's channels (at
+/// most [`HANDOFF_TRIES`]).
+const HANDOFF_RETRY: Duration = Duration::from_millis(100);
+/// Attempts to take a handed-over session's channels.
+const HANDOFF_TRIES: u32 = 20;
+
+/// How long a chat another node created waits for its session to be
+/// adopted here (the two records arrive separately).
+const SESSION_WAIT: Duration = Duration::from_secs(2);
+
 /// Start this node's copy of a channel another node created, from the
-/// store; a chat whose session is not here yet waits for it a little.
-/// (Runs on the link's runtime, where cluster events arrive.)
-fn adopt(shared: Arc<Shared>, root: ChannelAddr, uri: ChannelUri, tries: u32) {
+/// store; a chat whose session is not here yet waits for it to be adopted,
+/// then is read again. (Runs on the link's runtime, where cluster events
+/// arrive.)
+fn adopt(shared: Arc<Shared>, root: ChannelAddr, uri: ChannelUri) {
     tokio::spawn(async move {
-        let journal = shared.journal.clone();
-        let u = uri.clone();
-        let loaded = tokio::task::spawn_blocking(move || journal.load_channel(&u)).await;
-        let c = match loaded {
-            Ok(Ok(Some(c))) => c,
-            Ok(Ok(None)) => return,
-            Ok(Err(e)) => {
-                tracing::warn!(channel = %uri, error = %e, "a channel another node created cannot be read yet");
-                return;
-            }
-            Err(_) => return,
+        let Some(c) = load(&shared, &uri).await else {
+            return;
         };
-        match c.info.kind {
-            ChannelKind::Session => root.adopt_session(c),
-            ChannelKind::Chat => {
-                let session = c.info.session.clone().and_then(|s| shared.registry.get(&s));
-                match session {
-                    Some(s) => s.addr.adopt_chat(c),
-                    None if tries > 0 => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        adopt(shared, root, uri, tries - 1);
-                    }
-                    None => {
-                        tracing::warn!(chat = %uri, "a chat whose session is unknown here was not adopted")
-                    }
-                }
-            }
+        let session = match (c.info.kind, c.info.session.clone()) {
+            (ChannelKind::Session, _) => return root.adopt_session(c),
+            (ChannelKind::Chat, Some(session)) => session,
+            (ChannelKind::Chat, None) => return,
+        };
+        if let Some(s) = shared.registry.get(&session) {
+            return s.addr.adopt_chat(c);
+        }
+        let Some(s) = shared.registry.wait_for(&session, SESSION_WAIT).await else {
+            tracing::warn!(chat = %uri, "a chat whose session is unknown here was not adopted");
+            return;
+        };
+        // Read again: the chat may have moved on while its session came.
+        if let Some(c) = load(&shared, &uri).await {
+            s.addr.adopt_chat(c);
         }
     });
+}
+
+/// A channel as the store holds it now (`None`: gone, or unreadable —
+/// logged).
+async fn load(shared: &Arc<Shared>, uri: &ChannelUri) -> Option<RecoveredChannel> {
+    let journal = shared.journal.clone();
+    let u = uri.clone();
+    match tokio::task::spawn_blocking(move || journal.load_channel(&u)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::warn!(channel = %uri, error = %e, "a channel another node created cannot be read yet");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 /// A request another node forwarded: handed to the channel now (so
@@ -241,7 +258,7 @@ async fn claim_pinned_sessions(shared: &Arc<Shared>, all: &[Channel]) {
                 .map(|c| c.uri.clone()),
         );
         // The last batches of the old owner may still be on their way here.
-        for _ in 0..20 {
+        for _ in 0..HANDOFF_TRIES {
             match link.take_over(channels.clone()).await {
                 Ok(true) => {
                     tracing::info!(session = %session.uri, "handed over: this node, where its agent is connected, runs the session now");
@@ -252,7 +269,10 @@ async fn claim_pinned_sessions(shared: &Arc<Shared>, all: &[Channel]) {
                     }
                     break;
                 }
-                Ok(false) => tokio::time::sleep(Duration::from_millis(100)).await,
+                // A retry's pause: the follow consumer tells nobody when it
+                // has read a channel's last batch, and only this round trip
+                // says whether the fence can be written yet.
+                Ok(false) => tokio::time::sleep(HANDOFF_RETRY).await,
                 Err(_) => break,
             }
         }
@@ -265,8 +285,12 @@ async fn take_over_orphans(shared: Arc<Shared>) {
     let Some(link) = shared.cluster.clone() else {
         return;
     };
+    let mut every = tokio::time::interval_at(
+        tokio::time::Instant::now() + link.watch_every(),
+        link.watch_every(),
+    );
     loop {
-        tokio::time::sleep(link.watch_every()).await;
+        every.tick().await;
         let all = shared.registry.all();
         claim_pinned_sessions(&shared, &all).await;
         let followed: Vec<ChannelUri> = all

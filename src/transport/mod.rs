@@ -30,6 +30,7 @@ mod outbound;
 mod socket;
 pub mod tls;
 
+pub(crate) use close::cause_name;
 pub use close::{close_reason, TOKEN_EXPIRED_CLOSE_CODE, TOKEN_EXPIRED_REASON};
 pub(crate) use fanout::Fanout;
 pub use fanout::MIN_SHARE as FANOUT_MIN_SHARE;

@@ -98,13 +98,20 @@ async fn a_client_that_asks_for_snapshots_and_never_reads_is_evicted() {
             .await
             .expect("send");
     }
-    // The client stays away for a while (it is not reading), then reads
-    // what the server kept for it: a few replies the kernel already held,
-    // then the eviction — not 100 snapshots. A sleep, because the server
-    // shows the eviction nowhere until the close frame is written, which
-    // needs this client to read (the connection stays open on /healthz and
-    // the eviction is counted on /metrics only then).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The client reads nothing until the server has decided to evict it
+    // (the admin view says why a connection is closing), then reads what
+    // the server kept for it: a few replies the kernel already held, then
+    // the eviction — not 100 snapshots.
+    eventually("the hoarder is being evicted", || async {
+        let (_, _, body) = http(server.addr, "GET", "/admin/overview").await;
+        let doc: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        doc["connections"]
+            .as_array()?
+            .iter()
+            .any(|c| c["clientId"] == "hoarder" && c["closing"] == "overflow")
+            .then_some(())
+    })
+    .await;
     let mut replies = 0;
     let close = loop {
         let frame = tokio::time::timeout(WAIT, ws.next())

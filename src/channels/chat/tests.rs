@@ -205,3 +205,77 @@ async fn a_held_dispatch_reply_leaves_in_one_write_with_the_echo_or_the_rejectio
         Some("reply 5")
     );
 }
+
+/// An input request of `questions` text questions, `q0`, `q1`, ….
+fn text_questions(id: &str, questions: usize) -> ChatInputRequest {
+    let questions: Vec<serde_json::Value> = (0..questions)
+        .map(|i| json!({"kind": "text", "id": format!("q{i}"), "message": "?"}))
+        .collect();
+    serde_json::from_value(json!({"id": id, "questions": questions})).expect("a request")
+}
+
+#[actix::test]
+async fn an_input_nobody_engages_with_times_out_after_its_time_per_question() {
+    // Paused: the auto-resolution timer comes due on the chat's clock
+    // alone, however busy the machine is.
+    tokio::time::pause();
+    let (_journal, _chat, _client, turn) = chat_with_a_turn().await;
+    let asked = tokio::time::Instant::now();
+    let settled = turn
+        .handle
+        .interact(Interaction::Input {
+            request: text_questions("r1", 3),
+            auto_resolution_ms: Some(1_000),
+        })
+        .await;
+    assert_eq!(settled.outcome, Outcome::TimedOut, "{settled:?}");
+    let waited = asked.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_secs(3)
+            && waited < std::time::Duration::from_millis(3_100),
+        "1 s for each of 3 questions, then at once: {waited:?}"
+    );
+}
+
+#[actix::test]
+async fn an_input_someone_drafted_in_does_not_time_out() {
+    tokio::time::pause();
+    let (journal, chat, client, turn) = chat_with_a_turn().await;
+    let waiting = actix::spawn(async move {
+        turn.handle
+            .interact(Interaction::Input {
+                request: text_questions("r1", 1),
+                auto_resolution_ms: Some(1_000),
+            })
+            .await
+    });
+    journal
+        .wait_event("the input request", |e| {
+            e.starts_with("append") && e.contains("chat/inputRequested")
+        })
+        .await;
+    chat.do_send(dispatch(
+        &client,
+        2,
+        json!({"type": "chat/inputAnswerChanged", "requestId": "r1", "questionId": "q0",
+               "answer": {"state": "draft", "value": {"kind": "text", "value": "ok"}}}),
+    ));
+    journal
+        .wait_event("the draft", |e| e.contains("chat/inputAnswerChanged"))
+        .await;
+    // Well past the auto-resolution time: a request that had timed out
+    // would have settled `timedOut` by then, and the completion below
+    // would be refused.
+    tokio::time::advance(std::time::Duration::from_secs(10)).await;
+    chat.do_send(dispatch(
+        &client,
+        3,
+        json!({"type": "chat/inputCompleted", "requestId": "r1", "response": "accept",
+               "answers": {"q0": {"state": "submitted", "value": {"kind": "text", "value": "ok"}}}}),
+    ));
+    let settled = tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("the waiting agent is resumed")
+        .expect("the agent task runs");
+    assert_eq!(settled.outcome, Outcome::Answered, "{settled:?}");
+}
