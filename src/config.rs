@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::store::Durability;
 
-pub mod agents;
+pub(crate) mod agents;
 pub mod cli;
 
 pub use crate::transport::tls::TlsFiles;
@@ -66,7 +66,7 @@ pub struct Config {
     /// node (and the root channel) are spread over.
     pub actor_threads: usize,
     /// Threads besides the publishing one that write shares of a room of
-    /// at least twice [`crate::transport::FANOUT_MIN_SHARE`] subscribers.
+    /// at least 512 subscribers (twice the least share of one thread).
     pub fanout_threads: usize,
     /// Batch the socket writes of a room's connections in io_uring
     /// submissions (Linux, where the kernel allows it).

@@ -143,8 +143,8 @@ fn serve(serve: cli::Serve) -> anyhow::Result<()> {
             ),
             (None, None) => std::sync::Arc::new(tandem::store::MemoryJournal::new()),
         };
-    let listener = tandem::transport::listen::bind(bind)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {bind}: {e}"))?;
+    let listener =
+        tandem::bind(bind).map_err(|e| anyhow::anyhow!("cannot listen on {bind}: {e}"))?;
     let addr = listener.local_addr()?;
     match (&config.cluster, &config.data_dir) {
         (Some(c), _) => {

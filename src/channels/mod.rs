@@ -10,19 +10,19 @@
 //! Agents are reached through [`agent`]: the traits the chat calls, which
 //! `providers` implements.
 
-pub mod addr;
-pub mod agent;
-pub mod chat;
-pub mod commit;
-pub mod context;
-pub mod core;
-pub mod forward;
-pub mod homes;
-pub mod recovery;
-pub mod registry;
-pub mod rollup;
-pub mod root;
-pub mod session;
+pub(crate) mod addr;
+pub(crate) mod agent;
+pub(crate) mod chat;
+pub(crate) mod commit;
+pub(crate) mod context;
+pub(crate) mod core;
+pub(crate) mod forward;
+pub(crate) mod homes;
+pub(crate) mod recovery;
+pub(crate) mod registry;
+pub(crate) mod rollup;
+pub(crate) mod root;
+pub(crate) mod session;
 pub mod validate;
 
 #[cfg(test)]

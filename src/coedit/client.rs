@@ -136,16 +136,6 @@ impl TextClient {
         Ok(None)
     }
 
-    /// Replace what this editor shows with `text` (an input field's new
-    /// value): the change becomes a local edit.
-    pub fn local_text(&mut self, text: &str) -> Result<Option<Outgoing>, OpError> {
-        let new: Vec<u16> = text.encode_utf16().collect();
-        if new == self.text {
-            return Ok(None);
-        }
-        self.local(TextOp::diff(&self.text, &new))
-    }
-
     /// The connection dropped: the edit in flight may never have arrived,
     /// so the next catch-up sends it again.
     pub fn connection_lost(&mut self) {

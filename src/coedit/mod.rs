@@ -13,9 +13,9 @@
 //! Files: [`op`] operations (apply, compose, transform, diff, the wire
 //! form); [`doc`] the authority's copy; [`client`] an editor's.
 
-pub mod client;
-pub mod doc;
-pub mod op;
+pub(crate) mod client;
+pub(crate) mod doc;
+pub(crate) mod op;
 
 pub use client::{ClientError, Outgoing, Received, TextClient};
 pub use doc::{Edit, EditError, Taken, TextDoc};

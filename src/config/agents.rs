@@ -3,7 +3,7 @@
 //! config file or one `--agent 'NAME=COMMAND ARG…'` flag each.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -205,13 +205,6 @@ impl ClusterTable {
 }
 
 impl ConfigFile {
-    /// Read and check `path`.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config file `{}`: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| format!("config file `{}`: {e}", path.display()))
-    }
-
     /// Parse and check a config file's text.
     pub fn parse(text: &str) -> Result<Self, String> {
         let file: Self = toml::from_str(text).map_err(|e| e.to_string())?;
@@ -247,6 +240,8 @@ pub fn merge(
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]

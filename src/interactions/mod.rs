@@ -3,8 +3,8 @@
 //! parts and tool-call states and settles it exactly once (invariant 3).
 
 pub mod form;
-pub mod link;
-pub mod policy;
+pub(crate) mod link;
+pub(crate) mod policy;
 
 use std::collections::BTreeMap;
 

@@ -13,8 +13,8 @@
 //! way, which finds the error to send back; both ways accept exactly the
 //! same frames and decode them to the same request.
 
-pub mod action;
-pub mod errors;
+pub(crate) mod action;
+pub(crate) mod errors;
 pub mod methods;
 
 use std::borrow::Cow;
@@ -193,11 +193,6 @@ pub fn encode_error(id: &Value, err: &RpcError) -> String {
 /// Encode a notification.
 pub fn encode_notification(method: &str, params: &Value) -> String {
     serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string()
-}
-
-/// Encode a server → client request (used for `tandem/*` calls to providers).
-pub fn encode_request(id: u64, method: &str, params: &Value) -> String {
-    serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 //! agents up in ([`AgentDirectory`]) are defined by `channels`; this module
 //! provides them: [`Providers`] is the directory.
 
-pub mod acp;
-pub mod remote;
+pub(crate) mod acp;
+pub(crate) mod remote;
 pub mod scripted;
 
 use std::sync::Arc;

@@ -21,12 +21,12 @@
 //! The server's own tables (tokens, connections, rate buckets) live in
 //! [`AppState`], not in the channels' context.
 
-pub mod access;
+pub(crate) mod access;
 mod admin;
-pub mod admission;
+pub(crate) mod admission;
 mod cluster;
-pub mod connection;
-pub mod params;
+pub(crate) mod connection;
+pub(crate) mod params;
 mod presence;
 mod provide;
 mod ready;
@@ -34,9 +34,9 @@ mod routes;
 mod scrape;
 mod subscribe;
 mod texts;
-pub mod upgrade;
+pub(crate) mod upgrade;
 #[path = "web.rs"]
-pub mod web_ui;
+pub(crate) mod web_ui;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -63,7 +63,7 @@ use crate::transport::CloseCause;
 
 /// What the HTTP handlers and connections need: the channels' context and
 /// the server's own tables.
-pub struct AppState {
+pub(crate) struct AppState {
     /// The channels' context.
     pub shared: Arc<Shared>,
     /// The root channel (session lifecycle).

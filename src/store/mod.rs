@@ -10,10 +10,10 @@
 //! can be paged with `fetchTurns` without keeping it all in memory) and a
 //! snapshot of the channel's state (so recovery replays only the tail).
 
-pub mod cluster;
+pub(crate) mod cluster;
 pub mod jetstream;
-pub mod memory;
-pub mod sqlite;
+pub(crate) mod memory;
+pub(crate) mod sqlite;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -31,16 +31,22 @@ mod socket;
 pub mod tls;
 
 pub(crate) use close::cause_name;
-pub use close::{close_reason, TOKEN_EXPIRED_CLOSE_CODE, TOKEN_EXPIRED_REASON};
+#[cfg(test)]
+pub(crate) use close::close_reason;
 pub(crate) use fanout::Fanout;
-pub use fanout::MIN_SHARE as FANOUT_MIN_SHARE;
 pub use heartbeat::heartbeat;
 pub use inbound::{Inbound, ReadError, Received};
-pub use outbound::{Beat, CloseCause, FlushOnDrop, Frame, Outbound, Push, Take, Taken, Wire};
-pub use socket::{OnGone, Upgraded, Writer};
+#[cfg(test)]
+pub(crate) use outbound::Wire;
+pub use outbound::{Beat, CloseCause, FlushOnDrop, Outbound, Push};
+#[cfg(test)]
+pub(crate) use outbound::{Frame, Take};
+pub use socket::{OnGone, Upgraded};
 
 #[cfg(test)]
-pub(crate) use fanout::{shares as fanout_shares, MAX_BACKLOG as FANOUT_MAX_BACKLOG};
+pub(crate) use fanout::{
+    shares as fanout_shares, MAX_BACKLOG as FANOUT_MAX_BACKLOG, MIN_SHARE as FANOUT_MIN_SHARE,
+};
 #[cfg(test)]
 pub(crate) use outbound::tests::FakeWire;
 

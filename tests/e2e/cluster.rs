@@ -297,7 +297,7 @@ async fn a_lease_this_node_cannot_write_under_is_given_up() {
         .await
         .expect("connect to NATS");
     let leases = async_nats::jetstream::new(client)
-        .get_key_value(tandem::store::jetstream::lease::LEASES)
+        .get_key_value(tandem::store::jetstream::LEASES)
         .await
         .expect("the lease bucket");
     let mut renewals = leases

@@ -26,14 +26,12 @@ mod pending;
 mod tests;
 mod texts;
 
-pub use agent_rules::{AgentAction, READ_ONLY_META};
+pub use agent_rules::AgentAction;
 pub use handle::ChatHandle;
 pub use history::{DisposeChat, FetchTurns};
 pub use interactions::Interact;
 pub use pending::{GetPending, PendingItem};
-pub use texts::{
-    text_marks, EditText, OpenText, TextMarks, TextState, TextTarget, TEXTS_KEY, TEXT_EDITED,
-};
+pub use texts::{text_marks, EditText, OpenText, TextState, TextTarget};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -10,7 +10,6 @@ mod tests;
 
 pub use approval::{
     AgentConfigValues, AgentNote, AgentRecall, ApprovalCheckpoint, GrantTool, TurnCheckpoint,
-    AGENT_NOTES_META,
 };
 pub use chats::{
     ChatSummaryChanged, CreateChat, DisposeSession, ListPending, RemoveChat, RollupChanged,

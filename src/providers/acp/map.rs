@@ -88,11 +88,6 @@ impl TurnMap {
         }
     }
 
-    /// The turn this maps into.
-    pub fn turn_id(&self) -> &str {
-        &self.turn_id
-    }
-
     fn part_id(&mut self, kind: &str) -> String {
         self.next_part += 1;
         format!("{}-{kind}-{}", self.turn_id, self.next_part)
@@ -225,7 +220,8 @@ impl TurnMap {
     }
 
     /// The phase of tool call `id`, if the agent announced it.
-    pub fn phase(&self, id: &str) -> Option<ToolPhase> {
+    #[cfg(test)]
+    fn phase(&self, id: &str) -> Option<ToolPhase> {
         self.tools.get(id).map(|t| t.phase)
     }
 

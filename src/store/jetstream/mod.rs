@@ -43,7 +43,8 @@
 
 mod append;
 mod journal;
-pub mod lease;
+pub(crate) mod lease;
+pub use lease::LEASES;
 mod link;
 mod nats;
 mod ownership;
