@@ -106,6 +106,13 @@ async fn the_web_client_is_served_from_the_binary() {
     server.stop().await;
 }
 
+/// Where the page tests write their screenshots by default.
+fn screenshots_dir() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
+    std::fs::create_dir_all(&dir).expect("the screenshots directory");
+    dir
+}
+
 /// Check what the page tests need, then run `file` (under `web/tests/`)
 /// with Node and `env`; it must pass `passes` tests within `limit`.
 async fn run_page_tests(file: &str, env: &[(&str, String)], passes: usize, limit: Duration) {
@@ -119,6 +126,14 @@ async fn run_page_tests(file: &str, env: &[(&str, String)], passes: usize, limit
     ])
     .current_dir(repo())
     .env("CHROMIUM", CHROMIUM)
+    // Screenshots go under the target directory: a test run leaves the
+    // checkout as it found it. `TANDEM_SCREENSHOTS=docs/screenshots`
+    // refreshes the committed ones.
+    .env(
+        "TANDEM_SCREENSHOTS",
+        std::env::var_os("TANDEM_SCREENSHOTS")
+            .unwrap_or_else(|| screenshots_dir().into_os_string()),
+    )
     .envs(env.iter().map(|(k, v)| (k, v)))
     .kill_on_drop(true);
     let out = tokio::time::timeout(limit, node.output())

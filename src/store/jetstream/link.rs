@@ -171,6 +171,7 @@ impl JetStreamJournal {
                     continue;
                 }
             };
+            self.inner.following_journal.store(true, Ordering::Release);
             loop {
                 let next = tokio::select! {
                     m = messages.next() => m,
@@ -197,6 +198,7 @@ impl JetStreamJournal {
                     sink(ClusterEvent::Appended(r));
                 }
             }
+            self.inner.following_journal.store(false, Ordering::Release);
             self.retry_pause(RESUME_AFTER_END).await;
         }
     }
@@ -220,6 +222,7 @@ impl JetStreamJournal {
                     continue;
                 }
             };
+            self.inner.watching_channels.store(true, Ordering::Release);
             loop {
                 let next = tokio::select! {
                     e = watch.next() => e,
@@ -242,6 +245,7 @@ impl JetStreamJournal {
                     }
                 }
             }
+            self.inner.watching_channels.store(false, Ordering::Release);
             self.retry_pause(RESUME_AFTER_END).await;
         }
     }
@@ -366,14 +370,23 @@ impl ClusterLink for JetStreamJournal {
     }
 
     fn ready(&self) -> Result<(), String> {
-        if self.connected() {
-            Ok(())
-        } else {
-            Err(format!(
-                "node `{}` is not connected to NATS: it follows nothing and writes nothing until it is back",
-                self.inner.node
-            ))
+        let node = &self.inner.node;
+        if !self.connected() {
+            return Err(format!(
+                "node `{node}` is not connected to NATS: it follows nothing and writes nothing until it is back"
+            ));
         }
+        if !self.inner.following_journal.load(Ordering::Acquire) {
+            return Err(format!(
+                "node `{node}` does not read the journal stream yet: the other nodes' writes do not reach it"
+            ));
+        }
+        if !self.inner.watching_channels.load(Ordering::Acquire) {
+            return Err(format!(
+                "node `{node}` does not watch the channel records yet: channels created elsewhere do not reach it"
+            ));
+        }
+        Ok(())
     }
 
     fn owns(&self, channel: &ChannelUri) -> bool {

@@ -195,6 +195,12 @@ struct Inner {
     /// The stream's last sequence when recovery read it: following starts
     /// after it.
     follow_from: std::sync::atomic::AtomicU64,
+    /// A consumer reads the journal stream now (the other nodes' writes
+    /// reach this node).
+    following_journal: std::sync::atomic::AtomicBool,
+    /// A watch reads the channel records now (channels created or disposed
+    /// elsewhere reach this node).
+    watching_channels: std::sync::atomic::AtomicBool,
     /// The NATS client, for its connection state.
     client: async_nats::Client,
     /// Where each append's time and size are recorded, once set.
@@ -261,6 +267,8 @@ impl JetStreamJournal {
                 owners: Mutex::default(),
                 forward_tx: Mutex::new(None),
                 follow_from: std::sync::atomic::AtomicU64::new(0),
+                following_journal: std::sync::atomic::AtomicBool::new(false),
+                watching_channels: std::sync::atomic::AtomicBool::new(false),
                 commits: std::sync::OnceLock::new(),
                 announcer: std::sync::OnceLock::new(),
                 _stop: stop_tx,
