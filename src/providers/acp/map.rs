@@ -26,7 +26,7 @@ use serde_json::{Map, Value};
 pub const ACP_META: &str = "tandem/acp";
 
 /// Something the agent said that has no AHP action: kept in the session's
-/// `_meta` (`tandem/acp` → chat → `key`).
+/// `_meta` (`tandem/agent` → chat → `key`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Note {
     /// What kind of thing it is (`availableCommands`, `currentMode`, …).
