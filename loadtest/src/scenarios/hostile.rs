@@ -196,6 +196,34 @@ async fn honest_phase(
     Ok(all)
 }
 
+/// [`honest_phase`] on a thread and runtime of its own: the attackers'
+/// tasks mask and send 900 KB frames on the load generator's runtime, and
+/// an honest client's step queued behind one would time the load
+/// generator, not the server. Both phases run this way, alike.
+async fn honest_phase_apart(
+    url: &str,
+    chats: &[String],
+    args: &HostileArgs,
+    tag: &str,
+) -> anyhow::Result<hdrhistogram::Histogram<u64>> {
+    let (url, chats, args, tag) = (url.to_owned(), chats.to_vec(), args.clone(), tag.to_owned());
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("honest-{tag}"))
+        .spawn(move || {
+            let phase = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(honest_phase(&url, &chats, &args, &tag)));
+            let _ = done.send(phase);
+        })
+        .context("start the honest clients' thread")?;
+    result
+        .await
+        .map_err(|_| anyhow!("the honest clients' thread ended without a result"))?
+}
+
 /// Start the attackers; they stop when `stop` turns true. `frames` counts
 /// what they sent.
 fn attack(
@@ -373,7 +401,46 @@ pub async fn run(args: &HostileArgs, opts: &ServerOpts) -> anyhow::Result<Scenar
     ]
     .map(String::from)
     .to_vec();
-    let server = Server::tandem(opts, &server_args).await?;
+    // The per-principal limits a load test otherwise raises are the
+    // defence under test: the server keeps its defaults.
+    let defaults = tandem::Limits::default();
+    let mut opts = opts.clone();
+    for (flag, value) in [
+        (
+            "--max-connections-per-token",
+            defaults.max_connections_per_token.to_string(),
+        ),
+        (
+            "--max-sessions-per-token",
+            defaults.max_sessions_per_token.to_string(),
+        ),
+        (
+            "--dispatches-per-sec",
+            defaults.dispatches_per_sec.to_string(),
+        ),
+        (
+            "--max-subscriptions-per-connection",
+            defaults.max_subscriptions_per_connection.to_string(),
+        ),
+        (
+            "--dispatch-bytes-per-sec",
+            defaults.dispatch_bytes_per_sec.to_string(),
+        ),
+        (
+            "--inbound-bytes-per-sec",
+            defaults.inbound_bytes_per_sec.to_string(),
+        ),
+        ("--requests-per-sec", defaults.requests_per_sec.to_string()),
+    ] {
+        if !opts
+            .server_args
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+        {
+            opts.server_args.extend([flag.to_owned(), value]);
+        }
+    }
+    let server = Server::tandem(&opts, &server_args).await?;
     note(format!("tandem: {} at {}", server.label, server.url));
     let res = run_on(&server, args).await;
     server.stop(StopHow::Term).await?;
@@ -437,15 +504,21 @@ async fn run_on(server: &Server, args: &HostileArgs) -> anyhow::Result<ScenarioR
     let mut ratios = Vec::new();
     let (mut quiet_all, mut attacked_all) = (new_hist(), new_hist());
     for round in 1..=args.rounds.max(1) {
-        let quiet = tokio::time::timeout(limit, honest_phase(&server.url, &chats, args, "quiet"))
-            .await
-            .map_err(|_| anyhow!("round {round}: the quiet phase passed {limit:?}"))??;
+        let quiet = tokio::time::timeout(
+            limit,
+            honest_phase_apart(&server.url, &chats, args, "quiet"),
+        )
+        .await
+        .map_err(|_| anyhow!("round {round}: the quiet phase passed {limit:?}"))??;
         let before = server.pid.and_then(memory_kib);
         let (stop, stopped) = watch::channel(false);
         let frames = Arc::new(AtomicU64::new(0));
         let attackers = attack(server, &bait_session, &bait, args.stuck, &stopped, &frames)?;
-        let attacked =
-            tokio::time::timeout(limit, honest_phase(&server.url, &chats, args, "attacked")).await;
+        let attacked = tokio::time::timeout(
+            limit,
+            honest_phase_apart(&server.url, &chats, args, "attacked"),
+        )
+        .await;
         stop.send_replace(true);
         for a in attackers {
             let _ = tokio::time::timeout(Duration::from_secs(30), a).await;
