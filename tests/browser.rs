@@ -16,7 +16,10 @@ use std::time::Duration;
 
 use common::*;
 
-const CHROMIUM: &str = "/usr/bin/chromium";
+/// The Chromium the page tests drive: `CHROMIUM`, or Debian's.
+fn chromium() -> String {
+    std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into())
+}
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -35,8 +38,9 @@ fn works(cmd: &str) -> bool {
 /// playwright-core are all there.
 fn require_browser_tools(web_tests: &Path) {
     let mut missing = Vec::new();
-    if !Path::new(CHROMIUM).exists() {
-        missing.push(format!("chromium ({CHROMIUM})"));
+    let chromium = chromium();
+    if !Path::new(&chromium).exists() {
+        missing.push(format!("chromium ({chromium}; CHROMIUM names another)"));
     }
     if !works("node") {
         missing.push("node (Node.js)".to_owned());
@@ -125,7 +129,7 @@ async fn run_page_tests(file: &str, env: &[(&str, String)], passes: usize, limit
         &format!("web/tests/{file}"),
     ])
     .current_dir(repo())
-    .env("CHROMIUM", CHROMIUM)
+    .env("CHROMIUM", chromium())
     // Screenshots go under the target directory: a test run leaves the
     // checkout as it found it. `TANDEM_SCREENSHOTS=docs/screenshots`
     // refreshes the committed ones.

@@ -18,7 +18,7 @@ const PROTOCOL_VERSIONS = ['1.0.0'];
 const REQUEST_TIMEOUT_MS = 20000;
 const BACKOFF_MS = [200, 500, 1000, 2000, 4000];
 // The server closes a socket with this code when its token expires
-// (src/server/socket.rs TOKEN_EXPIRED_CLOSE_CODE).
+// (src/transport/close.rs TOKEN_EXPIRED_CLOSE_CODE).
 const TOKEN_EXPIRED_CLOSE = 4401;
 
 /** A v4 UUID; `crypto.randomUUID` exists only in secure contexts. */

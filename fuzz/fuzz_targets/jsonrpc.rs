@@ -32,6 +32,12 @@ fuzz_target!(|data: &[u8]| {
         _ => Ok(()),
     };
     if let Some(id) = &inc.id {
-        let _ = protocol::encode_result(id, &inc.params);
+        let params = match &inc.params {
+            protocol::Params::Value(v) => v.clone(),
+            protocol::Params::Raw(raw) => {
+                serde_json::from_str(raw.get()).expect("raw params are JSON")
+            }
+        };
+        let _ = protocol::encode_result(id, &params);
     }
 });

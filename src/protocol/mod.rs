@@ -38,7 +38,7 @@ pub struct Incoming {
 }
 
 /// A request's params before [`methods::decode_params`] reads them.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Params {
     /// Parsed into a JSON value (`null` when absent).
     Value(Value),

@@ -24,7 +24,7 @@
 //!
 //! Clients without `Origin` (the official `ahp` client, IDEs, scripts) are
 //! not browsers and are unaffected. The static routes (`/`, the client's
-//! files, `/healthz`) are not checked: they hold nothing beyond the public
+//! files, `/healthz`, `/readyz`) are not checked: they hold nothing beyond the public
 //! client code and a few counters, and every action goes through `/ahp`.
 
 use std::net::SocketAddr;

@@ -289,6 +289,9 @@ async fn take_over_orphans(shared: Arc<Shared>) {
         tokio::time::Instant::now() + link.watch_every(),
         link.watch_every(),
     );
+    // A round that overran (NATS slow) is not caught up with more rounds
+    // at once: the next waits a whole period.
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
         let all = shared.registry.all();

@@ -348,8 +348,17 @@ mod tests {
             let out = out.clone();
             async move { close_at_expiry(&out, Some(deadline)).await }
         });
-        // Past several of the timer's longest waits, a millisecond short.
-        tokio::time::advance(lifetime - std::time::Duration::from_millis(1)).await;
+        // The timer's first wait (its longest) is set before time moves.
+        tokio::task::yield_now().await;
+        // Through two of the timer's longest waits, each ending early, then
+        // to a millisecond short of the deadline.
+        for _ in 0..2 {
+            tokio::time::advance(MAX_EXPIRY_WAIT).await;
+            tokio::task::yield_now().await;
+            assert!(!out.is_closing(), "open until the token's exp");
+        }
+        tokio::time::advance(lifetime - 2 * MAX_EXPIRY_WAIT - std::time::Duration::from_millis(1))
+            .await;
         tokio::task::yield_now().await;
         assert!(!out.is_closing(), "open until the token's exp");
         tokio::time::advance(std::time::Duration::from_millis(1)).await;

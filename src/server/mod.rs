@@ -1,5 +1,5 @@
-//! The actix-web application: `/ahp` (WebSocket), `/healthz`, `/metrics`, and the
-//! embedded browser client at `/`.
+//! The actix-web application: `/ahp` (WebSocket), `/healthz`, `/readyz`,
+//! `/metrics`, `/admin/overview`, and the embedded browser client at `/`.
 //!
 //! | module | job |
 //! |---|---|
@@ -161,7 +161,7 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().json(body)
 }
 
-/// The HTTP server: actix-web serves the web client and `/healthz`; every
+/// The HTTP server: actix-web serves the web client and the HTTP endpoints; every
 /// WebSocket upgrade is handed, with its socket, to [`upgrade::serve`].
 fn http_server(
     state: &Arc<AppState>,
@@ -367,6 +367,7 @@ where
                 let metrics = state.shared.metrics.clone();
                 actix::spawn(async move {
                     let mut every = tokio::time::interval(scrape::UPKEEP_EVERY);
+                    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     loop {
                         every.tick().await;
                         metrics.upkeep();

@@ -240,6 +240,7 @@ pub(super) fn join_cluster(app: &Arc<AppState>) {
     let weak = Arc::downgrade(app);
     actix::spawn(async move {
         let mut every = tokio::time::interval_at(tokio::time::Instant::now() + REFRESH, REFRESH);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
             let Some(app) = weak.upgrade() else {

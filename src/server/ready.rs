@@ -17,10 +17,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::AppState;
 use crate::store::Journal;
@@ -66,15 +67,14 @@ impl Readiness {
             }
         }
         if !self.probing.swap(true, Ordering::AcqRel) {
-            let me = self.clone();
+            let probe = Probe {
+                readiness: self.clone(),
+                answer: None,
+            };
             let journal = journal.clone();
             tokio::task::spawn_blocking(move || {
-                let store = journal.probe_write().map_err(|e| e.to_string());
-                me.last.send_replace(Some(Answer {
-                    at: Instant::now(),
-                    store,
-                }));
-                me.probing.store(false, Ordering::Release);
+                let mut probe = probe;
+                probe.answer = Some(journal.probe_write().map_err(|e| e.to_string()));
             });
         }
         match tokio::time::timeout(WAIT, answers.changed()).await {
@@ -88,6 +88,32 @@ impl Readiness {
                 WAIT.as_millis()
             )),
         }
+    }
+}
+
+/// One probe under way: whatever becomes of it — answered, panicked, or
+/// dropped unrun by a runtime shutting down — its answer is published
+/// and the next request may probe again.
+struct Probe {
+    readiness: Arc<Readiness>,
+    /// The store's answer, once it came.
+    answer: Option<Result<(), String>>,
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let store = self
+            .answer
+            .take()
+            .unwrap_or_else(|| Err("the write probe did not finish".into()));
+        // Free before published: a request that sees this answer stale
+        // later must be able to start the next probe (the other order
+        // left it waiting for an answer already sent).
+        self.readiness.probing.store(false, Ordering::Release);
+        self.readiness.last.send_replace(Some(Answer {
+            at: Instant::now(),
+            store,
+        }));
     }
 }
 
@@ -126,5 +152,79 @@ fn check(r: &Result<(), String>) -> serde_json::Value {
     match r {
         Ok(()) => "ok".into(),
         Err(why) => why.clone().into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::ids::{ChannelUri, JournalPos, ServerSeq};
+    use crate::store::{
+        Batch, BindCommit, ChannelInfo, Commit, JournalError, MemoryJournal, Recovered,
+        RecoveredChannel, TurnPage,
+    };
+
+    /// A memory journal whose first write probe panics.
+    #[derive(Default)]
+    struct PanicsOnce {
+        inner: MemoryJournal,
+        probes: AtomicUsize,
+    }
+
+    impl Journal for PanicsOnce {
+        fn probe_write(&self) -> Result<(), JournalError> {
+            if self.probes.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("the first probe fails hard");
+            }
+            Ok(())
+        }
+        fn create_channel(&self, info: ChannelInfo) -> Commit {
+            self.inner.create_channel(info)
+        }
+        fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
+            self.inner.append(channel, expected, batch)
+        }
+        fn remove(&self, channel: &ChannelUri) {
+            self.inner.remove(channel)
+        }
+        fn len(&self, channel: &ChannelUri) -> JournalPos {
+            self.inner.len(channel)
+        }
+        fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
+            self.inner.turns_before(chat, before, limit)
+        }
+        fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {
+            self.inner.reserve_seq(next, count)
+        }
+        fn recover(&self) -> Result<Recovered, JournalError> {
+            self.inner.recover()
+        }
+        fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
+            self.inner.bind_provider(provider, subject)
+        }
+        fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
+            self.inner.load_channel(uri)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_probe_that_fails_hard_is_an_answer_and_the_next_request_probes_again() {
+        let readiness = Arc::new(Readiness::default());
+        let journal: Arc<dyn Journal> = Arc::new(PanicsOnce::default());
+        let first = readiness.store(&journal).await;
+        assert_eq!(first, Err("the write probe did not finish".into()));
+        // Fresh, the answer serves the next request without a probe.
+        assert_eq!(readiness.store(&journal).await, first);
+        // Once it is stale, a new probe runs (and this one works). (Aged
+        // by hand: the probe runs on a blocking thread, which paused time
+        // would not wait for.)
+        readiness.last.send_modify(|a| {
+            if let Some(a) = a {
+                a.at -= FRESH;
+            }
+        });
+        assert_eq!(readiness.store(&journal).await, Ok(()));
     }
 }

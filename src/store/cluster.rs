@@ -102,7 +102,7 @@ pub trait ClusterLink: Send + Sync + 'static {
     fn hear(&self, _sink: Arc<dyn Fn(Vec<u8>) + Send + Sync>) {}
 
     /// Whether the link does its part now (`/readyz`): connected to the
-    /// cluster, following the other nodes' writes, holding the leases of
-    /// the channels this node runs. `Err` says what is missing.
+    /// cluster, reading the other nodes' writes and the channels they
+    /// create or dispose. `Err` says what is missing.
     fn ready(&self) -> Result<(), String>;
 }

@@ -508,6 +508,44 @@ mod tests {
         Push::Envelope(ServerSeq::new(seq), text.to_owned().into())
     }
 
+    /// A meter that counts nothing.
+    struct Unmetered;
+
+    impl Meter for Unmetered {
+        fn sent(&self, _: u64) {}
+        fn closed(&self, _: &CloseCause) {}
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[tokio::test]
+    async fn the_last_acknowledgement_is_read_off_a_real_socket() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let socket = Socket::new(server, Arc::new(Unmetered));
+        let wrote = std::time::Instant::now();
+        assert_eq!(socket.try_write(b"hello").unwrap(), 5);
+        let mut got = [0u8; 5];
+        client.read_exact(&mut got).await.unwrap();
+        // Until the acknowledgement is in (the client's kernel may delay
+        // it): nothing left unacknowledged.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while socket.unacked() != Some(0) {
+            assert!(std::time::Instant::now() < deadline, "never acknowledged");
+            tokio::task::yield_now().await;
+        }
+        // It came after the write, so it is no older than the write.
+        let age = socket.last_ack_age_ms().expect("TCP_INFO answers");
+        assert!(
+            u128::from(age) <= wrote.elapsed().as_millis() + 1,
+            "acknowledged {age} ms ago, written {:?} ago",
+            wrote.elapsed()
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_writer_holds_pushed_frames_until_the_pacing_deadline_and_never_urgent_ones() {
         let pacing = Duration::from_millis(5);

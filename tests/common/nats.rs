@@ -20,7 +20,7 @@ pub fn nats_server_bin() -> PathBuf {
         .find(|p| p.is_file())
         .unwrap_or_else(|| {
             panic!(
-                "nats-server not found on PATH or in /usr/sbin: run scripts/test, which installs it"
+                "nats-server not found on PATH, in /usr/sbin or /usr/local/sbin: run scripts/test, which installs it"
             )
         })
 }

@@ -368,6 +368,8 @@ async fn hostile_clients_neither_grow_memory_past_the_bound_nor_harm_honest_ones
     }
     // The server is still whole and serving.
     owner.client.ping().await.expect("server alive");
-    let log = std::fs::read_to_string(dir.join("data").with_extension("log")).unwrap_or_default();
+    let path = dir.join("data").with_extension("log");
+    let log = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("the server's log {}: {e}", path.display()));
     assert!(!log.contains("panicked"), "the server panicked:\n{log}");
 }

@@ -5,7 +5,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde_json::json;
 use tandem::Config;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -81,8 +81,11 @@ async fn close_reason(s: &mut tokio::net::TcpStream) -> Result<String, String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_socket_is_closed_after_the_idle_timeout() {
     let config = Config {
-        heartbeat_interval: Duration::from_millis(200),
-        idle_timeout: Duration::from_millis(800),
+        // The active client answers every ping within the idle timeout
+        // with room to spare on a loaded machine; the test waits on the
+        // close, so a long timeout costs nothing.
+        heartbeat_interval: Duration::from_millis(500),
+        idle_timeout: Duration::from_secs(3),
         ..Config::default()
     };
     let server = TestServer::start_with(config).await;
@@ -93,12 +96,9 @@ async fn a_silent_socket_is_closed_after_the_idle_timeout() {
     let close = tokio::time::timeout(WAIT, close_reason(&mut silent))
         .await
         .expect("closed in time");
-    // The server closes with "idle …"; the socket may instead be reset
-    // when the server gives up on a peer that reads nothing.
-    match close {
-        Ok(reason) => assert!(reason.contains("idle"), "{reason:?}"),
-        Err(e) => assert!(e.contains("reset") || e.contains("ended"), "{e}"),
-    }
+    // The socket reads everything, so the server's close reaches it.
+    let reason = close.expect("a close frame");
+    assert!(reason.contains("idle"), "{reason:?}");
     // The active client, connected longer than the silent one, is still
     // served.
     active
@@ -310,82 +310,4 @@ async fn disposed_sessions_leave_only_the_stated_budgets() {
         .as_u64()
         .expect("resident bytes");
     assert!(allocated > 0 && resident >= allocated, "{after}");
-}
-
-/// Pings read by `ws` within `within` (answered by tungstenite on its own).
-async fn pings_within(ws: &mut Ws, within: Duration) -> usize {
-    let mut pings = 0;
-    let until = tokio::time::Instant::now() + within;
-    while let Ok(msg) = tokio::time::timeout_at(until, ws.next()).await {
-        match msg.expect("socket open").expect("frame") {
-            Message::Ping(_) => pings += 1,
-            Message::Close(c) => panic!("closed: {c:?}"),
-            _ => {}
-        }
-    }
-    pings
-}
-
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_listener_on_a_busy_chat_is_not_pinged_while_its_tcp_acknowledges() {
-    let server = TestServer::start_with(Config {
-        heartbeat_interval: Duration::from_millis(400),
-        ..Config::default()
-    })
-    .await;
-    let driver = server.client("driver").await;
-    let (_s, chat) = driver.create_session().await;
-    let (mut ws, _) = tokio_tungstenite::connect_async(server.url())
-        .await
-        .expect("connect");
-    for (id, method, params) in [
-        (
-            1,
-            "initialize",
-            json!({"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"listener"}),
-        ),
-        (2, "subscribe", json!({"channel": chat})),
-    ] {
-        ws.send(Message::text(
-            json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}).to_string(),
-        ))
-        .await
-        .expect("send");
-    }
-    // Quiet: the listener is pinged every interval.
-    let quiet = pings_within(&mut ws, Duration::from_millis(1600)).await;
-    assert!(
-        quiet >= 2,
-        "a quiet connection is pinged: {quiet} pings in 1.6 s"
-    );
-
-    // Busy: a draft every 40 ms (a tenth of the interval: a loaded machine
-    // has ten times the margin before a look finds nothing sent or
-    // acknowledged). The listener's TCP acknowledges each, so
-    // after the first beat that saw them no ping goes out.
-    let publishing = tokio::spawn(async move {
-        // The load under test: a steady stream, one draft per tick.
-        let mut every = tokio::time::interval(Duration::from_millis(40));
-        for i in 0..75 {
-            every.tick().await;
-            driver.dispatch(&chat, draft(&format!("draft {i}"))).await;
-        }
-        driver
-    });
-    let _ = pings_within(&mut ws, Duration::from_millis(800)).await;
-    let busy = pings_within(&mut ws, Duration::from_millis(1600)).await;
-    assert_eq!(busy, 0, "a listener taking frames is not pinged");
-    let driver = publishing.await.expect("publisher");
-
-    // Quiet again: the pings come back.
-    let after = pings_within(&mut ws, Duration::from_millis(1600)).await;
-    assert!(
-        after >= 2,
-        "pinged again once quiet: {after} pings in 1.6 s"
-    );
-    driver.client.shutdown().await;
-    server.stop().await;
 }

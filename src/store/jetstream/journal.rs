@@ -344,7 +344,7 @@ impl Journal for JetStreamJournal {
     fn probe_write(&self) -> Result<(), JournalError> {
         self.writable()?;
         // Connected is not enough: JetStream itself must answer (a server
-        // whose JetStream is disabled or out of resources takes no append).
+        // whose JetStream is disabled, or not up yet, takes no append).
         let inner = self.inner.clone();
         self.block(async move {
             inner
