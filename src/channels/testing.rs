@@ -49,6 +49,8 @@ pub struct TestJournal {
     /// `load_channel` fails with `Unavailable` (NATS away while a follower
     /// reads a channel again).
     pub unreadable: AtomicBool,
+    /// The next write probe panics (a store that fails hard), once.
+    pub probe_panics: AtomicBool,
     /// Who dispatched each stored record, by channel and position, kept as
     /// the cluster journal keeps them (`load_channel` hands them back).
     origins: Arc<parking_lot::Mutex<HashMap<(ChannelUri, u64), ActionOrigin>>>,
@@ -64,6 +66,7 @@ impl Default for TestJournal {
             fail_appends: AtomicBool::new(false),
             unwritable: AtomicBool::new(false),
             unreadable: AtomicBool::new(false),
+            probe_panics: AtomicBool::new(false),
             origins: Arc::default(),
         }
     }
@@ -166,6 +169,13 @@ impl Journal for TestJournal {
             return Err(JournalError::Unavailable("cut off".into()));
         }
         Ok(())
+    }
+
+    fn probe_write(&self) -> Result<(), JournalError> {
+        if self.probe_panics.swap(false, Ordering::SeqCst) {
+            panic!("the test made the probe fail hard");
+        }
+        self.writable()
     }
 
     fn remove(&self, channel: &ChannelUri) {

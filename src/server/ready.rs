@@ -157,62 +157,15 @@ fn check(r: &Result<(), String>) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
-
     use super::*;
-    use crate::ids::{ChannelUri, JournalPos, ServerSeq};
-    use crate::store::{
-        Batch, BindCommit, ChannelInfo, Commit, JournalError, MemoryJournal, Recovered,
-        RecoveredChannel, TurnPage,
-    };
-
-    /// A memory journal whose first write probe panics.
-    #[derive(Default)]
-    struct PanicsOnce {
-        inner: MemoryJournal,
-        probes: AtomicUsize,
-    }
-
-    impl Journal for PanicsOnce {
-        fn probe_write(&self) -> Result<(), JournalError> {
-            if self.probes.fetch_add(1, Ordering::SeqCst) == 0 {
-                panic!("the first probe fails hard");
-            }
-            Ok(())
-        }
-        fn create_channel(&self, info: ChannelInfo) -> Commit {
-            self.inner.create_channel(info)
-        }
-        fn append(&self, channel: &ChannelUri, expected: JournalPos, batch: Batch) -> Commit {
-            self.inner.append(channel, expected, batch)
-        }
-        fn remove(&self, channel: &ChannelUri) {
-            self.inner.remove(channel)
-        }
-        fn len(&self, channel: &ChannelUri) -> JournalPos {
-            self.inner.len(channel)
-        }
-        fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
-            self.inner.turns_before(chat, before, limit)
-        }
-        fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {
-            self.inner.reserve_seq(next, count)
-        }
-        fn recover(&self) -> Result<Recovered, JournalError> {
-            self.inner.recover()
-        }
-        fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
-            self.inner.bind_provider(provider, subject)
-        }
-        fn load_channel(&self, uri: &ChannelUri) -> Result<Option<RecoveredChannel>, JournalError> {
-            self.inner.load_channel(uri)
-        }
-    }
+    use crate::channels::testing::TestJournal;
 
     #[tokio::test]
     async fn a_probe_that_fails_hard_is_an_answer_and_the_next_request_probes_again() {
         let readiness = Arc::new(Readiness::default());
-        let journal: Arc<dyn Journal> = Arc::new(PanicsOnce::default());
+        let test_journal = Arc::new(TestJournal::default());
+        test_journal.probe_panics.store(true, Ordering::SeqCst);
+        let journal: Arc<dyn Journal> = test_journal;
         let first = readiness.store(&journal).await;
         assert_eq!(first, Err("the write probe did not finish".into()));
         // Fresh, the answer serves the next request without a probe.
