@@ -25,10 +25,11 @@ use serde::{Deserialize, Serialize};
 use crate::ids::ChannelUri;
 
 /// What a token lets its holder be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// A person's client: sessions, chats, answers, approvals.
+    #[default]
     Client,
     /// An agent: everything a client may do, plus registering providers.
     Agent,
@@ -48,7 +49,7 @@ impl Role {
 }
 
 /// The claims of a Tandem token.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claims {
     /// Subject (who; limits per token count by it).
     pub sub: String,
@@ -59,6 +60,14 @@ pub struct Claims {
     /// Session URIs the token may use; absent means any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sessions: Option<Vec<String>>,
+    /// The person's display name (what others see: presence, authors,
+    /// "approved by"); absent: the subject.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// What the holder may do in given sessions (session URI → access),
+    /// over what the session itself grants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<std::collections::BTreeMap<String, crate::people::Access>>,
 }
 
 /// The authenticated party on a connection.
@@ -75,6 +84,11 @@ pub struct Principal {
     /// a token checked only at the upgrade would otherwise live as long as
     /// the connection.
     pub expires_at_secs: Option<u64>,
+    /// The display name its token gives (`None`: none given, or no
+    /// authentication — then the client may choose one).
+    pub name: Option<String>,
+    /// Access its token gives in given sessions.
+    pub access: Arc<std::collections::BTreeMap<String, crate::people::Access>>,
 }
 
 impl Principal {
@@ -85,6 +99,8 @@ impl Principal {
             role: Role::Admin,
             sessions: None,
             expires_at_secs: None,
+            name: None,
+            access: Arc::default(),
         }
     }
 
@@ -333,6 +349,8 @@ impl Authenticator {
             role: c.role,
             sessions: c.sessions.map(|s| Arc::new(s.into_iter().collect())),
             expires_at_secs: Some(c.exp),
+            name: c.name.as_deref().and_then(crate::people::clean_name),
+            access: Arc::new(c.access.unwrap_or_default()),
         })
     }
 }
@@ -355,6 +373,7 @@ mod tests {
             role,
             exp,
             sessions: sessions.map(|s| s.into_iter().map(String::from).collect()),
+            ..Claims::default()
         }
     }
 
@@ -390,8 +409,7 @@ mod tests {
         let who = |subject: &str, role| Principal {
             subject: subject.into(),
             role,
-            sessions: None,
-            expires_at_secs: None,
+            ..Principal::local()
         };
         assert!(who("alice", Role::Agent).may_take_over_provider("alice"));
         assert!(!who("mallory", Role::Agent).may_take_over_provider("alice"));

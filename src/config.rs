@@ -83,6 +83,9 @@ pub struct Config {
     /// Serve `https://` and `wss://` with this certificate (`None`: plain
     /// HTTP, for loopback or behind a proxy that does TLS).
     pub tls: Option<TlsFiles>,
+    /// A session's default access level: of whoever its owner did not set
+    /// and whose token names none for it (`--session-access`).
+    pub session_access: crate::people::Access,
 }
 
 /// Per-server, per-token and per-connection limits. Each names what a client
@@ -207,6 +210,7 @@ impl Default for Config {
             agents: Vec::new(),
             cluster: None,
             tls: None,
+            session_access: crate::people::Access::Participant,
         }
     }
 }

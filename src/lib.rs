@@ -60,6 +60,7 @@ pub mod ids;
 pub mod interactions;
 pub mod memory;
 pub(crate) mod metrics;
+pub mod people;
 pub mod protocol;
 pub mod providers;
 pub(crate) mod publish;

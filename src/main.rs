@@ -196,6 +196,8 @@ fn mint(t: cli::TokenArgs) -> anyhow::Result<()> {
         role: t.role,
         exp: tandem::auth::now_secs() + t.ttl_secs,
         sessions: (!t.sessions.is_empty()).then_some(t.sessions),
+        name: t.name.and_then(|n| tandem::people::clean_name(&n)),
+        access: (!t.access.is_empty()).then(|| t.access.into_iter().collect()),
     };
     println!(
         "{}",

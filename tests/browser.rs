@@ -221,6 +221,7 @@ async fn the_admin_view_shows_the_server_to_an_admin_only() {
             role,
             exp: now_secs() + 600,
             sessions: None,
+            ..Default::default()
         })
         .expect("mint")
     };

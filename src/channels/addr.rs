@@ -11,6 +11,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::people::Person;
+
 use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
 use ahp_types::commands::ListSessionsResult;
@@ -79,12 +81,14 @@ impl ChannelAddr {
         origin: ActionOrigin,
         action: StateAction,
         as_agent: bool,
+        by: Option<Person>,
     ) {
         self.send_dispatch(ClientDispatch {
             conn: super::Dispatcher::Conn(conn),
             origin,
             action,
             as_agent,
+            by,
         });
     }
 
@@ -138,6 +142,7 @@ impl ChannelAddr {
         origin: ActionOrigin,
         action: StateAction,
         as_agent: bool,
+        by: Option<Person>,
     ) -> impl Future<Output = Result<(), String>> + 'static {
         let (reply, rx) = super::ForwardedReply::new();
         self.send_dispatch(ClientDispatch {
@@ -145,6 +150,7 @@ impl ChannelAddr {
             origin,
             action,
             as_agent,
+            by,
         });
         async move {
             rx.await
@@ -171,7 +177,11 @@ impl ChannelAddr {
     /// the root for a session, of the session for a chat).
     pub fn forget(&self, uri: ChannelUri) {
         match self {
-            ChannelAddr::Root(a) => a.do_send(RemoveSession { uri, local: true }),
+            ChannelAddr::Root(a) => a.do_send(RemoveSession {
+                uri,
+                local: true,
+                by: None,
+            }),
             ChannelAddr::Session(a) => a.do_send(super::session::ForgetChat(uri)),
             ChannelAddr::Chat(_) => {}
         }
@@ -217,10 +227,18 @@ impl ChannelAddr {
     }
 
     /// `disposeSession` (asked of the root).
-    pub fn dispose_session(&self, uri: ChannelUri) -> impl Future<Output = Result<(), RpcError>> {
-        let sent = self
-            .root()
-            .map(|a| a.send(RemoveSession { uri, local: false }));
+    pub fn dispose_session(
+        &self,
+        uri: ChannelUri,
+        by: Option<Person>,
+    ) -> impl Future<Output = Result<(), RpcError>> {
+        let sent = self.root().map(|a| {
+            a.send(RemoveSession {
+                uri,
+                local: false,
+                by,
+            })
+        });
         async move { answered(sent?.await) }
     }
 
@@ -252,8 +270,9 @@ impl ChannelAddr {
     pub fn create_chat(
         &self,
         chat: ChannelUri,
+        by: Option<Person>,
     ) -> Option<impl Future<Output = Result<(), RpcError>>> {
-        let sent = self.session()?.send(CreateChat { chat });
+        let sent = self.session()?.send(CreateChat { chat, by });
         Some(async move { answered(sent.await) })
     }
 
@@ -262,9 +281,25 @@ impl ChannelAddr {
     pub fn remove_chat(
         &self,
         chat: ChannelUri,
+        by: Option<Person>,
     ) -> Option<impl Future<Output = Result<(), RpcError>>> {
-        let sent = self.session()?.send(RemoveChat { chat });
+        let sent = self.session()?.send(RemoveChat { chat, by });
         Some(async move { answered(sent.await) })
+    }
+
+    /// `tandem/setAccess` in this session; `None` unless this is a session.
+    pub fn set_access(
+        &self,
+        subject: String,
+        access: Option<crate::people::Access>,
+        by: Option<Person>,
+    ) -> Option<impl Future<Output = Result<serde_json::Value, RpcError>>> {
+        let sent = self.session()?.send(crate::channels::session::SetAccess {
+            subject,
+            access,
+            by,
+        });
+        Some(async move { sent.await.map_err(|e| RpcError::internal(e.to_string()))? })
     }
 
     /// `tandem/listPending`: the session's unsettled interactions; `None`
@@ -327,6 +362,7 @@ impl ChannelAddr {
         seq: u64,
         base: u64,
         op: TextOp,
+        by: Option<Person>,
         from_node: bool,
     ) -> Option<impl Future<Output = Result<u64, RpcError>>> {
         let ChannelAddr::Chat(a) = self else {
@@ -339,6 +375,7 @@ impl ChannelAddr {
             seq,
             base,
             op,
+            by,
             from_node,
             reply,
         });
@@ -346,6 +383,11 @@ impl ChannelAddr {
             rx.await
                 .map_err(|_| RpcError::internal("the chat went away"))?
         })
+    }
+
+    /// Whether a session's actor is behind this address.
+    pub fn is_session(&self) -> bool {
+        matches!(self, ChannelAddr::Session(_))
     }
 
     /// Whether a chat's actor is behind this address.

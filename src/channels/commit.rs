@@ -20,6 +20,7 @@ use super::forward::{ForwardReply, ForwardRequest};
 use super::validate::{action_type, Rejection};
 use super::{ClientDispatch, Dispatcher};
 use crate::ids::ServerSeq;
+use crate::people::Person;
 use crate::store::{JournalError, Replicated, TurnRecord};
 
 /// How long a channel whose write the store refused waits before trying
@@ -51,6 +52,17 @@ fn retry_store<A: ChannelActor>(ctx: &mut Context<A>) {
             retry_store(ctx);
         }
     });
+}
+
+/// What a person's action brings into the record with it: host actions,
+/// already reduced into the state by the check, committed in the same batch
+/// just before and just after it (a notification of who did what).
+#[derive(Default)]
+pub struct Acts {
+    /// Committed before the person's action.
+    pub before: Vec<StateAction>,
+    /// Committed after it.
+    pub after: Vec<StateAction>,
 }
 
 /// Answered once a batch is published (or with why it was not).
@@ -260,12 +272,18 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
         &mut self,
         ctx: &mut Context<Self>,
         msg: ClientDispatch,
-        check: impl FnOnce(&mut Self, &StateAction, &ActionOrigin) -> Result<(), Rejection>,
+        check: impl FnOnce(
+            &mut Self,
+            &mut StateAction,
+            &ActionOrigin,
+            Option<&Person>,
+        ) -> Result<Acts, Rejection>,
     ) {
         let ClientDispatch {
             conn,
             origin,
-            action,
+            mut action,
+            by,
             ..
         } = msg;
         let core = self.parts().0;
@@ -277,6 +295,7 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
                     origin,
                     action,
                     as_agent: false,
+                    by,
                 },
             );
         }
@@ -286,11 +305,21 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             core.reject(&conn, &origin, &action, &reason);
             return;
         }
-        if let Err(r) = check(self, &action, &origin) {
-            self.parts().0.reject(&conn, &origin, &action, &r.0);
-            return;
-        }
-        self.commit(ctx, vec![Accepted::new(action, Some((origin, conn)))], None);
+        let acts = match check(self, &mut action, &origin, by.as_ref()) {
+            Ok(acts) => acts,
+            Err(r) => {
+                self.parts().0.reject(&conn, &origin, &action, &r.0);
+                return;
+            }
+        };
+        let mut batch: Vec<Accepted> = acts
+            .before
+            .into_iter()
+            .map(|a| Accepted::new(a, None))
+            .collect();
+        batch.push(Accepted::new(action, Some((origin, conn))));
+        batch.extend(acts.after.into_iter().map(|a| Accepted::new(a, None)));
+        self.commit(ctx, batch, None);
     }
 
     /// Hand a client's action to the node that owns the channel; a
@@ -306,12 +335,14 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
             origin,
             action,
             as_agent,
+            by,
         } = msg;
         let body = ForwardRequest::Dispatch {
             channel: core.uri.to_string(),
             origin: origin.clone(),
             action: serde_json::to_value(&action).unwrap_or_default(),
             as_agent,
+            by,
         }
         .encode();
         if let Dispatcher::Conn(c) = &conn {

@@ -39,6 +39,8 @@ pub struct Shared {
     pub cluster: Option<Arc<dyn ClusterLink>>,
     /// The threads serving connections, where clients' new sessions run.
     pub homes: super::homes::Homes,
+    /// Who may do what in the sessions on this node.
+    pub access: super::access::AccessBook,
     /// The threads restored and followed actors are spread on.
     arbiters: Vec<ArbiterHandle>,
     /// Round-robin position in `arbiters`.
@@ -84,6 +86,7 @@ impl Shared {
             providers,
             cluster: None,
             homes: Default::default(),
+            access: Default::default(),
             arbiters,
             next_arbiter: AtomicUsize::new(0),
         })

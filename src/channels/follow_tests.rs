@@ -177,6 +177,7 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
             origin: origin("ann", seq),
             action: title(text),
             as_agent: false,
+            by: None,
         })
     };
 
@@ -223,6 +224,7 @@ async fn a_follower_applies_each_batch_once_reads_again_after_a_gap_and_forwards
         origin: origin("bob", 1),
         action: title("from bob"),
         as_agent: false,
+        by: None,
     });
     let sent = link.forwarded(1).await;
     assert_eq!(sent.len(), 1);
@@ -308,6 +310,7 @@ async fn a_forwarded_action_a_follower_reads_again_after_a_gap_is_echoed_to_its_
         origin: origin("bob", 1),
         action: title("from bob"),
         as_agent: false,
+        by: None,
     });
     assert_eq!(link.forwarded(1).await.len(), 1, "forwarded to the owner");
 
@@ -319,6 +322,7 @@ async fn a_forwarded_action_a_follower_reads_again_after_a_gap_is_echoed_to_its_
             origin: origin(who, seq),
             action: title(text),
             as_agent: false,
+            by: None,
         });
     }
     journal

@@ -24,6 +24,9 @@ pub enum ForwardRequest {
         action: serde_json::Value,
         /// Checked as the session's agent's.
         as_agent: bool,
+        /// The person who sent it, named by the forwarding node.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<crate::people::Person>,
     },
     /// `createChat` in `session`.
     CreateChat {
@@ -31,6 +34,9 @@ pub enum ForwardRequest {
         session: String,
         /// The new chat's URI.
         chat: String,
+        /// Who asks (`None`: the host), for the owner to check.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<crate::people::Person>,
     },
     /// `disposeChat` of one of `session`'s chats.
     DisposeChat {
@@ -38,11 +44,30 @@ pub enum ForwardRequest {
         session: String,
         /// The chat.
         chat: String,
+        /// Who asks (`None`: the host), for the owner to check.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<crate::people::Person>,
     },
     /// `disposeSession`.
     DisposeSession {
         /// Session URI.
         session: String,
+        /// Who asks (`None`: the host), for the owner to check.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<crate::people::Person>,
+    },
+    /// `tandem/setAccess` in `session`.
+    SetAccess {
+        /// Session URI.
+        session: String,
+        /// Whose level.
+        subject: String,
+        /// The level (`None`: remove the entry).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        access: Option<crate::people::Access>,
+        /// Who asks (`None`: the host), for the owner to check.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<crate::people::Person>,
     },
     /// Hand `session` (and its chats) over to the asking node, where its
     /// agent's provider is connected.
@@ -74,6 +99,9 @@ pub enum ForwardRequest {
         base: u64,
         /// The edit.
         edit: TextOp,
+        /// Who asks (`None`: the host), for the owner to check.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<crate::people::Person>,
     },
 }
 
@@ -214,6 +242,15 @@ mod tests {
             seq: 3,
             base: 7,
             edit: serde_json::from_value(json!([2, "ab", -1])).unwrap(),
+            by: Some(crate::people::Person {
+                name: "Ann".into(),
+                subject: "ann".into(),
+                client_id: "ann-laptop".into(),
+                standing: crate::people::Standing {
+                    admin: false,
+                    grants: [("ahp-session:/s".into(), crate::people::Access::Viewer)].into(),
+                },
+            }),
         };
         let back = ForwardRequest::decode(&edit.encode()).unwrap();
         assert_eq!(

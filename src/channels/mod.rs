@@ -10,6 +10,7 @@
 //! Agents are reached through [`agent`]: the traits the chat calls, which
 //! `providers` implements.
 
+pub(crate) mod access;
 pub(crate) mod addr;
 pub(crate) mod agent;
 pub(crate) mod chat;
@@ -131,6 +132,8 @@ pub struct ClientDispatch {
     /// The dispatcher is the connection of the session's provider: the action
     /// is checked as an agent's (server-side actions allowed) not a client's.
     pub as_agent: bool,
+    /// The person who sent it (`None`: an agent), as the record names them.
+    pub by: Option<crate::people::Person>,
 }
 
 /// Subscribe a connection. The actor registers it under the publisher lock and

@@ -69,6 +69,7 @@ pub fn rebuild(
                         .get(&c.info.provider)
                         .map(|a| a.config_properties())
                         .unwrap_or_default(),
+                    c.info.owner.as_deref(),
                 ),
             };
             for r in &c.tail {

@@ -381,6 +381,20 @@ pub fn dispatch(conn: &Arc<Outbound>, seq: i64, action: serde_json::Value) -> Cl
         },
         action,
         as_agent: false,
+        by: Some(person()),
+    }
+}
+
+/// The person behind [`dispatch`]'s client.
+pub fn person() -> crate::people::Person {
+    crate::people::Person {
+        name: "Cleo".into(),
+        subject: "local".into(),
+        client_id: "client".into(),
+        standing: crate::people::Standing {
+            admin: true,
+            ..Default::default()
+        },
     }
 }
 

@@ -10,6 +10,8 @@ use ahp_types::state::{
 };
 use serde_json::{Map, Value};
 
+use crate::people::Person;
+
 /// Session config key for the approval mode.
 pub const APPROVAL_MODE: &str = "approvalMode";
 /// `_meta` key: the approval mode in effect (it follows the configured one at
@@ -101,6 +103,46 @@ pub fn grant(meta: Option<&Map<String, Value>>, tool: &str) -> Option<Map<String
 /// `_meta`, or `None` when the tool is denied already.
 pub fn deny(meta: Option<&Map<String, Value>>, tool: &str) -> Option<Map<String, Value>> {
     record(meta, DENIALS_META, GRANTS_META, tool)
+}
+
+/// `_meta` key of who decided each granted or denied tool: tool name →
+/// `{by, at, allow}`.
+pub const DECIDED_BY_META: &str = "tandem/toolDecidedBy";
+
+/// `_meta` key of who last changed each session config property: property
+/// → `{by, at}`.
+pub const CONFIG_BY_META: &str = "tandem/configChangedBy";
+
+/// Note in `meta` that `by` granted (`allow`) or denied `tool` for the
+/// session, now.
+pub fn record_decider(meta: &mut Map<String, Value>, tool: &str, allow: bool, by: &Person) {
+    let entry =
+        serde_json::json!({"by": by.to_json(), "at": crate::time::now_rfc3339(), "allow": allow});
+    by_key(meta, DECIDED_BY_META).insert(tool.to_owned(), entry);
+}
+
+/// Note in `meta` that `by` changed the config properties `keys`, now.
+pub fn record_config_change<'a>(
+    meta: &mut Map<String, Value>,
+    keys: impl IntoIterator<Item = &'a String>,
+    by: &Person,
+) {
+    let at = crate::time::now_rfc3339();
+    let changed = by_key(meta, CONFIG_BY_META);
+    for k in keys {
+        changed.insert(k.clone(), serde_json::json!({"by": by.to_json(), "at": at}));
+    }
+}
+
+/// The object under `key` in `meta`, made if missing (or not an object).
+fn by_key<'m>(meta: &'m mut Map<String, Value>, key: &str) -> &'m mut Map<String, Value> {
+    let slot = meta
+        .entry(key.to_owned())
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !slot.is_object() {
+        *slot = Value::Object(Map::new());
+    }
+    slot.as_object_mut().expect("made an object above")
 }
 
 fn listed(meta: Option<&Map<String, Value>>, key: &str, tool: &str) -> bool {

@@ -32,6 +32,13 @@ pub const EDIT_TEXT: &str = "tandem/editText";
 pub const SET_PRESENCE: &str = "tandem/setPresence";
 /// Tandem extension: everyone present on a chat.
 pub const LIST_PRESENCE: &str = "tandem/listPresence";
+/// Tandem extension: name this connection's person (without
+/// authentication).
+pub const SET_NAME: &str = "tandem/setName";
+/// Tandem extension: who the caller is in a session and what they may do.
+pub const ACCESS: &str = "tandem/access";
+/// Tandem extension: an owner sets what someone may do in a session.
+pub const SET_ACCESS: &str = "tandem/setAccess";
 
 /// Decode a method's params into its `ahp-types` struct; a mismatch is
 /// `-32602 Invalid params` naming the method and serde's reason.

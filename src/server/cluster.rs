@@ -128,7 +128,8 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
         | ForwardRequest::EditText { channel, .. } => channel.clone(),
         ForwardRequest::CreateChat { session, .. }
         | ForwardRequest::DisposeChat { session, .. }
-        | ForwardRequest::DisposeSession { session }
+        | ForwardRequest::DisposeSession { session, .. }
+        | ForwardRequest::SetAccess { session, .. }
         | ForwardRequest::Handoff { session } => session.clone(),
     };
     let Some(target) = shared.registry.get(&channel) else {
@@ -142,12 +143,15 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
             origin,
             action,
             as_agent,
+            by,
             ..
         } => {
-            let done =
-                target
-                    .addr
-                    .dispatch_forwarded(origin, ForwardRequest::action(action), as_agent);
+            let done = target.addr.dispatch_forwarded(
+                origin,
+                ForwardRequest::action(action),
+                as_agent,
+                by,
+            );
             Box::pin(async move {
                 match done.await {
                     Ok(()) => ForwardReply::Done,
@@ -156,19 +160,32 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
                 .encode()
             })
         }
-        ForwardRequest::CreateChat { chat, .. } => match target.addr.create_chat(chat.into()) {
-            Some(done) => Box::pin(async move { ForwardReply::of(done.await).encode() }),
-            None => ready(ForwardReply::NotOwner),
-        },
-        ForwardRequest::DisposeChat { chat, .. } => match target.addr.remove_chat(chat.into()) {
-            Some(done) => Box::pin(async move { ForwardReply::of(done.await).encode() }),
-            None => ready(ForwardReply::NotOwner),
-        },
-        ForwardRequest::DisposeSession { session } => {
-            let done = root.dispose_session(session.into());
+        ForwardRequest::CreateChat { chat, by, .. } => {
+            match target.addr.create_chat(chat.into(), by) {
+                Some(done) => Box::pin(async move { ForwardReply::of(done.await).encode() }),
+                None => ready(ForwardReply::NotOwner),
+            }
+        }
+        ForwardRequest::DisposeChat { chat, by, .. } => {
+            match target.addr.remove_chat(chat.into(), by) {
+                Some(done) => Box::pin(async move { ForwardReply::of(done.await).encode() }),
+                None => ready(ForwardReply::NotOwner),
+            }
+        }
+        ForwardRequest::DisposeSession { session, by } => {
+            let done = root.dispose_session(session.into(), by);
             Box::pin(async move { ForwardReply::of(done.await).encode() })
         }
         ForwardRequest::Handoff { .. } => hand_over(shared, target),
+        ForwardRequest::SetAccess {
+            subject,
+            access,
+            by,
+            ..
+        } => match target.addr.set_access(subject, access, by) {
+            Some(done) => Box::pin(async move { ForwardReply::of_value(done.await).encode() }),
+            None => ready(ForwardReply::NotOwner),
+        },
         ForwardRequest::OpenText {
             target: t, author, ..
         } => match target.addr.open_text(t, author, true) {
@@ -181,8 +198,9 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
             seq,
             base,
             edit,
+            by,
             ..
-        } => match target.addr.edit_text(t, author, seq, base, edit, true) {
+        } => match target.addr.edit_text(t, author, seq, base, edit, by, true) {
             Some(done) => Box::pin(async move { ForwardReply::of_value(done.await).encode() }),
             None => ready(ForwardReply::failed(super::routes::no_chat(&target.uri))),
         },

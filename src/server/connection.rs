@@ -47,6 +47,9 @@ pub struct Connection {
     pub(super) budget: crate::rate::DispatchBudget,
     /// The connection's admission slot, given back when it stops.
     slot: Option<Slot>,
+    /// The name its client gave its person (only without authentication;
+    /// see `server::people`).
+    pub(super) chosen_name: Option<String>,
 }
 
 /// Longest single wait of a connection's token-expiry timer; a later expiry
@@ -82,6 +85,7 @@ impl Connection {
             rates,
             budget,
             slot: Some(slot),
+            chosen_name: None,
         };
         let addr = Connection::create(move |ctx| {
             ctx.add_stream(inbound);

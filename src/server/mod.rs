@@ -27,6 +27,7 @@ pub(crate) mod admission;
 mod cluster;
 pub(crate) mod connection;
 pub(crate) mod params;
+mod people;
 mod presence;
 mod provide;
 mod ready;

@@ -26,7 +26,8 @@ use super::AppState;
 use crate::channels::chat::TextTarget;
 use crate::channels::Channel;
 use crate::ids::{ChannelUri, ConnId};
-use crate::protocol::{encode_notification, RpcError};
+use crate::people::Access;
+use crate::protocol::{encode_notification, errors, RpcError};
 
 /// The notification every subscriber of the chat gets.
 pub const PRESENCE: &str = "tandem/presence";
@@ -105,6 +106,15 @@ impl PresenceTable {
             }
             None => list.push((who, entry, now)),
         }
+    }
+
+    /// `who`'s entry on `chat`, if it has one.
+    fn entry(&self, chat: &ChannelUri, who: &Who) -> Option<Value> {
+        let chats = self.chats.lock();
+        let list = chats.get(chat)?;
+        list.iter()
+            .find(|(w, ..)| w == who)
+            .map(|(_, e, _)| e.clone())
     }
 
     /// Forget `who` on `chat`; its last entry, if it had one.
@@ -284,6 +294,16 @@ impl Connection {
             )));
         }
         let shared = self.app.shared.clone();
+        if p.target.is_some() {
+            // Being in a text is typing there: a viewer is only present.
+            if let (Some(session), Some(by)) = (&ch.session, self.person()) {
+                let (default, need) = (shared.config.session_access, Access::Participant);
+                shared
+                    .access
+                    .permit(session, Some(&by), default, need, "a caret in a text")
+                    .map_err(|r| RpcError::new(errors::PERMISSION_DENIED, r.0))?;
+            }
+        }
         let limits = &shared.config.limits;
         if frame_bytes > limits.max_action_bytes {
             return Err(RpcError::invalid_params(format!(
@@ -301,6 +321,7 @@ impl Connection {
             "channel": p.channel,
             "clientId": self.client_id.as_ref().map(|c| c.to_string()),
             "subject": self.principal.subject,
+            "name": self.person().map(|p| p.name),
             "target": p.target,
             "caret": p.caret,
             "rev": p.rev,
@@ -334,6 +355,26 @@ impl Connection {
         let presence = self.app.presence.list(&channel);
         self.reply(&id, &json!({ "presence": presence }));
         Ok(())
+    }
+
+    /// This connection's person was renamed: everyone where it is present
+    /// hears the new name.
+    pub(super) fn refresh_presence(&self) {
+        let Some(name) = self.person().map(|p| p.name) else {
+            return;
+        };
+        let who = Who::Here(self.out.id());
+        for chat in &self.subs {
+            let Some(mut entry) = self.app.presence.entry(chat, &who) else {
+                continue;
+            };
+            entry["name"] = Value::from(name.clone());
+            self.app.presence.set(chat, who.clone(), entry.clone());
+            if let Some(ch) = self.app.shared.registry.get(chat) {
+                broadcast(&ch, &entry);
+            }
+            announce(&self.app, chat, self.out.id(), Some(entry));
+        }
     }
 
     /// This connection left `chat` (unsubscribed or closed): if it had said

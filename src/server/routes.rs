@@ -77,6 +77,9 @@ impl Connection {
                 let p: ChannelParams = decode_params(method, params)?;
                 self.list_presence(id, p.channel)
             }
+            m::SET_NAME => self.set_name(id, decode_params(method, params)?),
+            m::ACCESS => self.my_access(id, decode_params(method, params)?),
+            m::SET_ACCESS => self.set_access(id, decode_params(method, params)?, ctx),
             other => Err(RpcError::method_not_found(other)),
         }
     }
@@ -144,11 +147,13 @@ impl Connection {
             .as_deref()
             .is_some_and(|p| self.providers.contains(p));
         let reply = self.hold_reply(&id);
+        let by = if as_agent { None } else { self.person() };
         ch.addr.dispatch(
             DispatchConn::new(self.out.clone(), reply),
             origin,
             p.action,
             as_agent,
+            by,
         );
         Ok(())
     }
@@ -203,7 +208,10 @@ impl Connection {
         ctx: &mut Context<Self>,
     ) -> Result<(), RpcError> {
         self.permit(&p.channel)?;
-        let done = self.app.root.dispose_session(p.channel.into());
+        let done = self
+            .app
+            .root
+            .dispose_session(p.channel.into(), self.person());
         self.reply_when(id, done, ctx, |()| Value::Null);
         Ok(())
     }
@@ -236,8 +244,8 @@ impl Connection {
         if p.initial_message.is_some() {
             return Err(RpcError::invalid_params("`initialMessage` is not supported; dispatch `chat/turnStarted` after creating the chat"));
         }
-        let chat = p.chat.into();
-        let done = self.ask(&p.channel, |c| c.create_chat(chat), no_session)?;
+        let (chat, by) = (p.chat.into(), self.person());
+        let done = self.ask(&p.channel, |c| c.create_chat(chat, by), no_session)?;
         self.reply_when(id, done, ctx, |()| Value::Null);
         Ok(())
     }
@@ -256,7 +264,7 @@ impl Connection {
             .filter(|c| c.addr.is_chat())
             .and_then(|c| c.session)
             .and_then(|s| registry.get(&s))
-            .and_then(|s| s.addr.remove_chat(p.channel.as_str().into()))
+            .and_then(|s| s.addr.remove_chat(p.channel.as_str().into(), self.person()))
             .ok_or_else(|| no_chat(&p.channel))?;
         self.reply_when(id, done, ctx, |()| Value::Null);
         Ok(())
@@ -372,7 +380,7 @@ impl Connection {
 }
 
 /// The answer for a session that is not there (or not a session).
-fn no_session(uri: &str) -> RpcError {
+pub(super) fn no_session(uri: &str) -> RpcError {
     RpcError::new(errors::SESSION_NOT_FOUND, format!("no session `{uri}`"))
 }
 

@@ -179,6 +179,7 @@ impl Connection {
             .connections
             .set_client_id(self.out.id(), &p.client_id);
         self.client_id = Some(p.client_id.into());
+        self.name_from(p.meta.as_ref());
         let subscribed = self.subscribe_many(uris, None, ctx, move |act, snaps| {
             let snaps = match snaps {
                 Ok(s) => s,
@@ -252,6 +253,7 @@ impl Connection {
             .connections
             .set_client_id(self.out.id(), &p.client_id);
         self.client_id = Some(p.client_id.into());
+        self.name_from(p.meta.as_ref());
         let mut present = Vec::new();
         let mut missing = Vec::new();
         for uri in p.subscriptions {

@@ -116,7 +116,8 @@ impl Connection {
                 limits.dispatches_per_sec, limits.dispatch_bytes_per_sec
             )));
         }
-        let edit = |c: &ChannelAddr| c.edit_text(p.target, author, p.seq, p.base, p.op, false);
+        let by = self.person();
+        let edit = |c: &ChannelAddr| c.edit_text(p.target, author, p.seq, p.base, p.op, by, false);
         let edited = self.ask(&p.channel, edit, no_chat)?;
         self.reply_when(id, edited, ctx, |rev| json!({ "rev": rev }));
         Ok(())

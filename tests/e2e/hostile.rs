@@ -58,6 +58,7 @@ fn url_for(base: &str, subject: &str, role: tandem::auth::Role) -> String {
             role,
             exp: tandem::auth::now_secs() + 3600,
             sessions: None,
+            ..Default::default()
         })
         .expect("mint");
     format!("{base}?token={token}")

@@ -37,6 +37,7 @@ async fn json_logs_have_a_line_per_connection_refusal_and_eviction_and_no_secret
             role: Role::Client,
             exp: now_secs() + 600,
             sessions: None,
+            ..Default::default()
         })
         .expect("mint");
     let url = format!("{}?token={token}", server.url());

@@ -29,6 +29,7 @@ mod logs;
 mod metrics;
 mod ordering_and_recovery;
 mod pacing;
+mod people;
 mod providers;
 mod readiness;
 mod scripted;

@@ -25,6 +25,7 @@ fn token(sub: &str, role: Role, sessions: Option<Vec<String>>) -> String {
             role,
             exp: now_secs() + 600,
             sessions,
+            ..Default::default()
         })
         .expect("mint")
 }

@@ -21,6 +21,7 @@ fn token(sub: &str, role: Role, sessions: Option<Vec<&str>>, ttl: i64) -> String
             role,
             exp: (now_secs() as i64 + ttl) as u64,
             sessions: sessions.map(|s| s.into_iter().map(String::from).collect()),
+            ..Default::default()
         })
         .expect("mint")
 }
@@ -82,6 +83,7 @@ async fn upgrades_need_a_valid_token() {
             role: Role::Admin,
             exp: now_secs() + 60,
             sessions: None,
+            ..Default::default()
         })
         .expect("mint");
     assert_eq!(

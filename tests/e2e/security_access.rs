@@ -26,6 +26,7 @@ fn token(sub: &str, exp: u64) -> String {
             role: Role::Admin,
             exp,
             sessions: None,
+            ..Default::default()
         })
         .expect("mint")
 }

@@ -25,6 +25,7 @@ fn token(sub: &str, role: Role, sessions: Option<Vec<&str>>) -> String {
             role,
             exp: now_secs() + 600,
             sessions: sessions.map(|s| s.into_iter().map(String::from).collect()),
+            ..Default::default()
         })
         .expect("mint")
 }

@@ -79,6 +79,7 @@ fn url_for(base: &str, subject: &str, role: tandem::auth::Role) -> anyhow::Resul
             role,
             exp: tandem::auth::now_secs() + 3600,
             sessions: None,
+            ..Default::default()
         })
         .map_err(|e| anyhow!("{e}"))?;
     Ok(format!("{base}?token={token}"))

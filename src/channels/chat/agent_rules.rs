@@ -4,6 +4,7 @@
 
 use actix::prelude::*;
 use ahp_types::actions::{ActionOrigin, StateAction};
+use ahp_types::state::ResponsePart;
 use tokio::sync::oneshot;
 
 use super::{tool_name_of, ChatActor};
@@ -14,6 +15,7 @@ use crate::channels::validate::{self, Rejection};
 use crate::channels::Dispatcher;
 use crate::interactions::policy::Auto;
 use crate::interactions::{link, policy, tool_options};
+use crate::people::ACT_META;
 
 /// `_meta` key by which an agent declares a tool call read-only.
 pub const READ_ONLY_META: &str = "tandem/readOnly";
@@ -90,6 +92,18 @@ impl ChatActor {
                 validate::action_type(&action)
             ));
             return refuse(self, &origin, done, &action, r);
+        }
+        // Who did what is the host's to say: an agent's notification may
+        // not pass for a person's act.
+        if let StateAction::ChatResponsePart(p) = &action {
+            if let ResponsePart::SystemNotification(n) = &p.part {
+                if n.meta.as_ref().is_some_and(|m| m.contains_key(ACT_META)) {
+                    let r = Rejection::new(format!(
+                        "`_meta[\"{ACT_META}\"]` records a person's act: only the host writes it"
+                    ));
+                    return refuse(self, &origin, done, &action, r);
+                }
+            }
         }
         if let StateAction::ChatInputRequested(r) = &action {
             if let Some(Err(e)) = r.request.url.as_deref().map(link::check) {

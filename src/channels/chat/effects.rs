@@ -71,11 +71,13 @@ impl ChatActor {
                     Some(p) => p.records(a.approved, option),
                     None => policy::grants_for_session(a.approved, option).then_some(true),
                 };
+                let by = self.deciders.remove(&a.tool_call_id);
                 if let Some(allow) = records {
                     if let Some(name) = tool_name_of(&self.state, &a.tool_call_id) {
                         self.session_addr.do_send(GrantTool {
                             tool_name: name,
                             allow,
+                            by,
                         });
                     }
                 }

@@ -22,6 +22,7 @@ mod handle;
 mod history;
 mod interactions;
 mod pending;
+mod people;
 #[cfg(test)]
 mod tests;
 mod texts;
@@ -106,6 +107,12 @@ pub struct ChatActor {
     used_turn_ids: HashSet<String>,
     inputs: HashMap<String, PendingInput>,
     tools: HashMap<String, PendingTool>,
+    /// Who last wrote each answer of an open request (request id →
+    /// question id → name), for the notification of its completion.
+    answer_authors: HashMap<String, std::collections::BTreeMap<String, String>>,
+    /// Who decided each tool call just confirmed, until its effects (a
+    /// session grant) have run.
+    deciders: HashMap<String, crate::people::Person>,
     /// Last roll-up reported to the session.
     rollup: Vec<SessionInputRequest>,
     /// Last status reported to the session's chat catalog.
@@ -209,6 +216,8 @@ impl ChatActor {
             used_turn_ids,
             inputs: HashMap::new(),
             tools: HashMap::new(),
+            answer_authors: HashMap::new(),
+            deciders: HashMap::new(),
             turn_base,
             pending_turns: Vec::new(),
             pending_truncate: None,
@@ -422,14 +431,19 @@ impl Handler<ClientDispatch> for ChatActor {
             } = msg;
             return self.agent_action(ctx, action, Some((origin, conn)), None);
         }
-        self.client_action(ctx, msg, |act, action, origin| {
-            let max_answer_chars = act.core.shared.config.limits.max_answer_chars;
-            validate::answer_lengths(action, max_answer_chars)
+        self.client_action(ctx, msg, |act, action, origin, by| {
+            let shared = &act.core.shared;
+            let max_answer_chars = shared.config.limits.max_answer_chars;
+            let default = shared.config.session_access;
+            shared
+                .access
+                .permit_action(&act.session, by, default, action)
+                .and_then(|()| validate::answer_lengths(action, max_answer_chars))
                 .and_then(|()| {
                     let used = &act.used_turn_ids;
                     validate::client_chat_action(&act.state, action, &origin.client_id, used)
                 })
-                .and_then(|()| act.reduce(action))
+                .and_then(|()| act.record_person(action, by))
         });
     }
 }

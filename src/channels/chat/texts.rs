@@ -28,6 +28,7 @@ use crate::channels::commit::ChannelActor;
 use crate::channels::forward::{ForwardReply, ForwardRequest};
 use crate::channels::validate;
 use crate::coedit::{Edit, EditError, Taken, TextDoc, TextOp};
+use crate::people::Access;
 use crate::protocol::{errors, RpcError};
 
 /// The action type that carries an edit to editors.
@@ -97,6 +98,8 @@ pub struct EditText {
     pub seq: u64,
     pub base: u64,
     pub op: TextOp,
+    /// The editor's person, for the session's access check.
+    pub by: Option<crate::people::Person>,
     /// Forwarded by another cluster node.
     pub from_node: bool,
     /// The revision it made, once durable.
@@ -433,6 +436,7 @@ impl Handler<EditText> for ChatActor {
             seq,
             base,
             op,
+            by,
             from_node,
             reply,
         } = msg;
@@ -444,6 +448,7 @@ impl Handler<EditText> for ChatActor {
                 seq,
                 base,
                 edit: op,
+                by,
             };
             return self.forward_text(ctx, request, reply);
         }
@@ -454,6 +459,16 @@ impl Handler<EditText> for ChatActor {
         if let Some(e) = self.core.store_refusal() {
             let why = format!("the store is unavailable ({e}); the chat is read-only");
             let _ = reply.send(Err(not_editable(why)));
+            return;
+        }
+        let shared = &self.core.shared;
+        let (default, need) = (shared.config.session_access, Access::Participant);
+        let allowed =
+            shared
+                .access
+                .permit(&self.session, by.as_ref(), default, need, "editing a text");
+        if let Err(r) = allowed {
+            let _ = reply.send(Err(RpcError::new(errors::PERMISSION_DENIED, r.0)));
             return;
         }
         let doc = match self.doc(&target) {

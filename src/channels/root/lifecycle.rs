@@ -83,6 +83,8 @@ pub struct RemoveSession {
     pub uri: ChannelUri,
     /// Only this node's copy: the node that runs the session disposed it.
     pub local: bool,
+    /// Who asks (`None`: the host), checked where the session runs.
+    pub by: Option<crate::people::Person>,
 }
 
 impl Handler<RemoveSession> for RootActor {
@@ -90,7 +92,20 @@ impl Handler<RemoveSession> for RootActor {
 
     fn handle(&mut self, msg: RemoveSession, ctx: &mut Self::Context) -> Self::Result {
         if !msg.local && self.core.shared.follows(&msg.uri) {
-            return self.dispose_at_owner(ctx, msg.uri);
+            return self.dispose_at_owner(ctx, msg.uri, msg.by);
+        }
+        let shared = &self.core.shared;
+        let (default, need) = (shared.config.session_access, crate::people::Access::Owner);
+        let allowed = shared.access.permit(
+            &msg.uri,
+            msg.by.as_ref(),
+            default,
+            need,
+            "disposing of the session",
+        );
+        if let Err(r) = allowed {
+            let e = RpcError::new(errors::PERMISSION_DENIED, r.0);
+            return Box::pin(actix::fut::ready(Err(e)));
         }
         let Some((addr, summary)) = self.sessions.remove(msg.uri.as_str()) else {
             return Box::pin(actix::fut::ready(Err(RpcError::new(
@@ -200,6 +215,7 @@ impl RootActor {
         &mut self,
         ctx: &mut Context<Self>,
         uri: ChannelUri,
+        by: Option<crate::people::Person>,
     ) -> ResponseActFuture<Self, Result<(), RpcError>> {
         let link = self.core.shared.cluster.clone();
         let me = ctx.address();
@@ -207,16 +223,21 @@ impl RootActor {
             let link = link.ok_or_else(|| RpcError::internal("not a cluster node"))?;
             let request = ForwardRequest::DisposeSession {
                 session: uri.to_string(),
+                by,
             };
             let body = link
                 .forward(&uri, request.encode())
                 .await
                 .map_err(RpcError::internal)?;
             ForwardReply::decode(&body).into_result()?;
-            me.send(RemoveSession { uri, local: true })
-                .await
-                .map_err(|e| RpcError::internal(e.to_string()))?
-                .or(Ok(()))
+            me.send(RemoveSession {
+                uri,
+                local: true,
+                by: None,
+            })
+            .await
+            .map_err(|e| RpcError::internal(e.to_string()))?
+            .or(Ok(()))
         };
         Box::pin(asked.into_actor(self))
     }
@@ -279,6 +300,7 @@ impl RootActor {
             Arc::new(Hub::default()),
             shared.clone(),
             provider.clone(),
+            msg.owner.as_ref().map(|(owner, _)| owner.as_str()),
             self.me.clone(),
         );
         let summary = session_actor.summary();

@@ -99,6 +99,7 @@ async fn a_disposed_session_is_announced_gone_only_once_its_removal_is_stored() 
 
     journal.open_sync(false);
     let removed = actix::spawn(root.send(RemoveSession {
+        by: None,
         uri: uri.into(),
         local: false,
     }));

@@ -61,6 +61,8 @@ pub struct GrantTool {
     pub tool_name: String,
     /// Approved (a grant) or refused (a denial).
     pub allow: bool,
+    /// The person whose choice it was.
+    pub by: Option<crate::people::Person>,
 }
 
 impl Handler<GrantTool> for SessionActor {
@@ -73,7 +75,10 @@ impl Handler<GrantTool> for SessionActor {
         } else {
             policy::deny(meta, &msg.tool_name)
         };
-        if let Some(meta) = changed {
+        if let Some(mut meta) = changed {
+            if let Some(by) = &msg.by {
+                policy::record_decider(&mut meta, &msg.tool_name, msg.allow, by);
+            }
             self.set_meta(ctx, meta);
         }
     }

@@ -16,6 +16,7 @@ use crate::channels::core::durable;
 use crate::channels::forward::ForwardRequest;
 use crate::channels::rollup;
 use crate::ids::ChannelUri;
+use crate::people::Access;
 use crate::protocol::{errors, RpcError};
 use crate::store::{ChannelInfo, ChannelKind};
 use crate::time::now_rfc3339;
@@ -143,6 +144,8 @@ impl Handler<ChatSummaryChanged> for SessionActor {
 pub struct CreateChat {
     /// The client-chosen chat URI.
     pub chat: ChannelUri,
+    /// Who asks (`None`: the host).
+    pub by: Option<crate::people::Person>,
 }
 
 impl Handler<CreateChat> for SessionActor {
@@ -153,8 +156,12 @@ impl Handler<CreateChat> for SessionActor {
             let request = ForwardRequest::CreateChat {
                 session: self.core.uri.to_string(),
                 chat: msg.chat.to_string(),
+                by: msg.by,
             };
             return self.ask_owner(ctx, request, msg.chat);
+        }
+        if let Err(e) = self.permit(msg.by.as_ref(), Access::Participant, "creating a chat") {
+            return Box::pin(std::future::ready(Err(e)));
         }
         let limits = &self.core.shared.config.limits;
         if msg.chat.len() > limits.max_uri_bytes {
@@ -199,6 +206,8 @@ impl Handler<CreateChat> for SessionActor {
 pub struct RemoveChat {
     /// The chat URI.
     pub chat: ChannelUri,
+    /// Who asks (`None`: the host).
+    pub by: Option<crate::people::Person>,
 }
 
 impl Handler<RemoveChat> for SessionActor {
@@ -213,8 +222,12 @@ impl Handler<RemoveChat> for SessionActor {
             let request = ForwardRequest::DisposeChat {
                 session: self.core.uri.to_string(),
                 chat: msg.chat.to_string(),
+                by: msg.by,
             };
             return self.ask_owner(ctx, request, msg.chat);
+        }
+        if let Err(e) = self.permit(msg.by.as_ref(), Access::Owner, "disposing of a chat") {
+            return Box::pin(std::future::ready(Err(e)));
         }
         let Some(pos) = self.chats.iter().position(|(u, _)| *u == msg.chat) else {
             let e = RpcError::new(

@@ -1,6 +1,7 @@
 //! The session actor: owner of one `SessionState` — its chat catalog, config,
 //! and the roll-up of everything its chats wait on.
 
+mod access;
 mod approval;
 mod chats;
 mod follow;
@@ -8,6 +9,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+pub use access::SetAccess;
 pub use approval::{
     AgentConfigValues, AgentNote, AgentRecall, ApprovalCheckpoint, GrantTool, TurnCheckpoint,
 };
@@ -20,7 +22,7 @@ pub use state::{new_session_state, summary_of};
 use std::sync::Arc;
 
 use actix::prelude::*;
-use ahp_types::actions::{SessionReadyAction, StateAction};
+use ahp_types::actions::{SessionMetaChangedAction, SessionReadyAction, StateAction};
 use ahp_types::notifications::PartialSessionSummary;
 use ahp_types::state::{SessionState, SessionSummary};
 
@@ -48,12 +50,13 @@ pub struct SessionActor {
 }
 
 impl SessionActor {
-    /// A new session of `provider`, not yet ready.
+    /// A new session of `provider`, not yet ready, owned by `creator`.
     pub fn new(
         uri: ChannelUri,
         hub: Arc<Hub>,
         shared: Arc<Shared>,
         provider: String,
+        creator: Option<&str>,
         root: Addr<RootActor>,
     ) -> Self {
         let extra = shared
@@ -65,7 +68,7 @@ impl SessionActor {
             uri,
             hub,
             shared,
-            new_session_state(provider, extra),
+            new_session_state(provider, extra, creator),
             now_rfc3339(),
             root,
         )
@@ -89,6 +92,29 @@ impl SessionActor {
             reported,
             created_at,
         }
+    }
+
+    /// `Ok` when `by` may do what needs `need` here; else the refusal,
+    /// naming the role.
+    fn permit(
+        &self,
+        by: Option<&crate::people::Person>,
+        need: crate::people::Access,
+        what: &str,
+    ) -> Result<(), crate::protocol::RpcError> {
+        let shared = &self.core.shared;
+        shared
+            .access
+            .permit(&self.core.uri, by, shared.config.session_access, need, what)
+            .map_err(|r| {
+                crate::protocol::RpcError::new(crate::protocol::errors::PERMISSION_DENIED, r.0)
+            })
+    }
+
+    /// Put the session's access table where its chats read it.
+    fn note_access(&self) {
+        let table = crate::people::AccessTable::of_meta(self.state.meta.as_ref());
+        self.core.shared.access.set(&self.core.uri, table);
     }
 
     /// The channel's subscriber hub.
@@ -213,10 +239,12 @@ impl Actor for SessionActor {
 
     fn started(&mut self, _: &mut Self::Context) {
         self.core.shared.homes.arrived();
+        self.note_access();
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
         self.core.shared.homes.left();
+        self.core.shared.access.remove(&self.core.uri);
     }
 }
 
@@ -229,15 +257,20 @@ impl ChannelActor for SessionActor {
 
     fn published(&mut self, _: &mut Context<Self>, _: Vec<(Accepted, ServerSeq)>) {
         self.report_summary();
+        self.note_access();
     }
 
     fn followed(&mut self, _: &mut Context<Self>) {
         self.report_summary();
+        self.note_access();
     }
 
     fn roll_back(&mut self, _ctx: &mut Context<Self>) {
         match recovery::reload(&self.core) {
-            Ok(Some(Rebuilt::Session(state))) => self.state = *state,
+            Ok(Some(Rebuilt::Session(state))) => {
+                self.state = *state;
+                self.note_access();
+            }
             Ok(Some(_)) => {
                 tracing::error!(session = %self.core.uri, "stored channel is not a session")
             }
@@ -289,7 +322,26 @@ impl Handler<ClientDispatch> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: ClientDispatch, ctx: &mut Self::Context) {
-        self.client_action(ctx, msg, |act, action, _| act.client_checks(action));
+        self.client_action(ctx, msg, |act, action, _, by| {
+            let shared = &act.core.shared;
+            let default = shared.config.session_access;
+            shared
+                .access
+                .permit_action(&act.core.uri, by, default, action)?;
+            act.client_checks(action)?;
+            let mut acts = commit::Acts::default();
+            if let (StateAction::SessionConfigChanged(a), Some(by)) = (&*action, by) {
+                // Who changed each property, in the session's `_meta`.
+                let mut meta = act.state.meta.clone().unwrap_or_default();
+                policy::record_config_change(&mut meta, a.config.keys(), by);
+                let note =
+                    StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) });
+                if act.reduce(&note).is_ok() {
+                    acts.after.push(note);
+                }
+            }
+            Ok(acts)
+        });
     }
 }
 

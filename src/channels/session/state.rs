@@ -9,11 +9,18 @@ use serde_json::Value;
 use crate::interactions::policy;
 
 /// The state of a session nobody has written to yet: the approval mode,
-/// and the config properties its agent adds (`extra`), in its config.
+/// and the config properties its agent adds (`extra`), in its config; its
+/// `creator` (a token subject) as its owner.
 pub fn new_session_state(
     provider: String,
     extra: Vec<(String, SessionConfigPropertySchema)>,
+    creator: Option<&str>,
 ) -> SessionState {
+    let mut meta = policy::initial_meta();
+    meta.insert(
+        crate::people::ACCESS_META.into(),
+        crate::people::AccessTable::new(creator).to_json(),
+    );
     let mut values = serde_json::Map::new();
     values.insert(policy::APPROVAL_MODE.into(), Value::from(policy::ASK));
     let mut properties = std::collections::HashMap::new();
@@ -53,7 +60,7 @@ pub fn new_session_state(
         customizations: None,
         changesets: None,
         input_needed: None,
-        meta: Some(policy::initial_meta()),
+        meta: Some(meta),
     }
 }
 

@@ -16,7 +16,10 @@ async fn a_removed_chat_is_acknowledged_only_once_its_removal_is_stored() {
     let session = testing::session(&shared, &root, "ahp-session:/s").await;
     let chat = ChannelUri::from("ahp-chat:/extra");
     session
-        .send(CreateChat { chat: chat.clone() })
+        .send(CreateChat {
+            chat: chat.clone(),
+            by: None,
+        })
         .await
         .expect("session runs")
         .expect("created");
@@ -27,7 +30,10 @@ async fn a_removed_chat_is_acknowledged_only_once_its_removal_is_stored() {
     );
 
     journal.open_sync(false);
-    let removed = actix::spawn(session.send(RemoveChat { chat: chat.clone() }));
+    let removed = actix::spawn(session.send(RemoveChat {
+        chat: chat.clone(),
+        by: None,
+    }));
     let before = journal.events_before_sync().await;
     assert!(
         before.contains(&format!("remove {chat}")),

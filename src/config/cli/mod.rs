@@ -96,6 +96,26 @@ pub struct TokenArgs {
     /// Lifetime in seconds.
     #[arg(long, default_value_t = 24 * 3600)]
     pub ttl_secs: u64,
+    /// The person's display name (default: the subject).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The holder's role in a session, `SESSION=viewer|participant|approver|owner`
+    /// (repeatable); a session's owner can still change it.
+    #[arg(long = "access", value_name = "SESSION=LEVEL", value_parser = parse_access)]
+    pub access: Vec<(String, crate::people::Access)>,
+}
+
+/// `SESSION=LEVEL` of `tandem token --access`.
+fn parse_access(s: &str) -> Result<(String, crate::people::Access), String> {
+    let (session, level) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("`{s}` is not SESSION=LEVEL"))?;
+    let level = <crate::people::Access as clap::ValueEnum>::from_str(level, true)
+        .map_err(|_| format!("`{level}` is not viewer, participant, approver or owner"))?;
+    if !session.starts_with("ahp-session:/") {
+        return Err(format!("`{session}` is not a session URI (ahp-session:/…)"));
+    }
+    Ok((session.to_owned(), level))
 }
 
 /// How log lines are written (to stderr).
@@ -273,6 +293,11 @@ pub struct ServeArgs {
         requires = "tls_cert"
     )]
     pub tls_key: Option<PathBuf>,
+    /// The access level in a session of someone its owner did not set and
+    /// whose token names none for it (its creator owns it; an admin owns
+    /// every session).
+    #[arg(long, value_enum, default_value_t = crate::people::Access::Participant)]
+    pub session_access: crate::people::Access,
     /// `text` (one readable line per event) or `json` (one JSON object per
     /// line: `timestamp`, `level`, `fields` with `message`, `target`).
     #[arg(long, env = "TANDEM_LOG_FORMAT", value_enum, default_value = "text")]
@@ -416,6 +441,7 @@ impl ServeArgs {
             },
             auth_secret: secret,
             allowed_origins: self.allowed_origins.clone(),
+            session_access: self.session_access,
             data_dir: (!self.in_memory && cluster.is_none()).then(|| self.data_dir.clone()),
             durability: self.durability,
             commit_window: std::time::Duration::from_secs_f64(
@@ -650,6 +676,7 @@ mod tests {
             ("agent_files_rw", agent.to_vec(), vec!["--agent-files-rw", "gem=/srv/docs"], "agent_files_rw = [\"gem=/srv/docs\"]".into()),
             ("allowed_origins", vec![], vec!["--allowed-origin", "https://a.example", "--allowed-origin", "https://b.example"], "allowed_origins = [\"https://a.example\", \"https://b.example\"]".into()),
             ("log_format", vec![], vec!["--log-format", "json"], "log_format = \"json\"".into()),
+            ("session_access", vec![], vec!["--session-access", "viewer"], "session_access = \"viewer\"".into()),
             ("auth_secret_file", vec![], vec!["--auth-secret-file", secret], format!("auth_secret_file = \"{secret}\"")),
             ("tls_cert", vec!["--tls-key", "/etc/tandem/key.pem"], vec!["--tls-cert", "/etc/tandem/cert.pem"], "tls_cert = \"/etc/tandem/cert.pem\"".into()),
             ("tls_key", vec!["--tls-cert", "/etc/tandem/cert.pem"], vec!["--tls-key", "/etc/tandem/key.pem"], "tls_key = \"/etc/tandem/key.pem\"".into()),

@@ -1,0 +1,89 @@
+//! Who may do what in each session this node serves: the sessions' access
+//! tables ([`AccessTable`], kept in each session's `_meta`), for the chat
+//! and session actors to check a person's act against before they take it.
+//!
+//! A session actor puts its table here whenever its state is (re)built or
+//! changes; its chats, on the same node, read it. A node that forwards a
+//! request does not check: the owner does, with the person and their
+//! token's standing carried in the request.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use ahp_types::actions::StateAction;
+
+use super::validate::{action_type, Rejection};
+use crate::ids::ChannelUri;
+use crate::people::{needed_for, Access, AccessTable, Person};
+
+/// The access tables of the sessions on this node.
+#[derive(Default)]
+pub struct AccessBook {
+    tables: RwLock<HashMap<ChannelUri, Arc<AccessTable>>>,
+}
+
+impl AccessBook {
+    /// Keep `table` as `session`'s.
+    pub fn set(&self, session: &ChannelUri, table: AccessTable) {
+        let mut t = self.tables.write().unwrap_or_else(|e| e.into_inner());
+        if t.get(session).is_some_and(|old| **old == table) {
+            return;
+        }
+        t.insert(session.clone(), Arc::new(table));
+    }
+
+    /// Forget `session` (disposed, or no longer on this node).
+    pub fn remove(&self, session: &ChannelUri) {
+        let mut t = self.tables.write().unwrap_or_else(|e| e.into_inner());
+        t.remove(session);
+    }
+
+    /// `session`'s table (empty if this node has none).
+    pub fn get(&self, session: &ChannelUri) -> Arc<AccessTable> {
+        let t = self.tables.read().unwrap_or_else(|e| e.into_inner());
+        t.get(session).cloned().unwrap_or_default()
+    }
+
+    /// What `by` may do in `session`, with the server's `default`.
+    pub fn level(&self, session: &ChannelUri, by: &Person, default: Access) -> Access {
+        self.get(session).level_of(session.as_str(), by, default)
+    }
+
+    /// `Ok` when `by` (`None`: the host or an agent) may do what needs
+    /// `need` in `session`; else a rejection naming the role it needs.
+    pub fn permit(
+        &self,
+        session: &ChannelUri,
+        by: Option<&Person>,
+        default: Access,
+        need: Access,
+        what: &str,
+    ) -> Result<(), Rejection> {
+        let Some(by) = by else { return Ok(()) };
+        self.get(session)
+            .permit(session.as_str(), by, default, need, what)
+            .map_err(Rejection::new)
+    }
+
+    /// [`Self::permit`] for a dispatched `action`.
+    pub fn permit_action(
+        &self,
+        session: &ChannelUri,
+        by: Option<&Person>,
+        default: Access,
+        action: &StateAction,
+    ) -> Result<(), Rejection> {
+        let Some(by) = by.filter(|b| !b.standing.admin) else {
+            return Ok(());
+        };
+        let need = needed_for(action);
+        let table = self.get(session);
+        if table.level_of(session.as_str(), by, default) >= need {
+            return Ok(());
+        }
+        let what = format!("`{}`", action_type(action));
+        table
+            .permit(session.as_str(), by, default, need, &what)
+            .map_err(Rejection::new)
+    }
+}
