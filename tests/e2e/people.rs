@@ -339,3 +339,125 @@ async fn who_settled_a_form_and_an_approval_survives_sigkill() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A cluster node on `nats` that needs tokens signed with [`SECRET`].
+fn secured_node(dir: &std::path::Path, nats: &common::nats::NatsServer, id: &str) -> ServerProcess {
+    let secret = std::str::from_utf8(SECRET).expect("an ASCII secret");
+    ServerProcess::spawn_with_env(
+        &dir.join(format!("{id}.log")),
+        &[
+            "--cluster",
+            &nats.url(),
+            "--node-id",
+            id,
+            "--lease-secs",
+            "2",
+        ],
+        &[("TANDEM_AUTH_SECRET", secret)],
+    )
+}
+
+/// Subscribe to `uri` on a node that may not have heard of it yet.
+async fn join(c: &TestClient, uri: &str) {
+    eventually("the node knows the channel", || async {
+        let r: Result<Value, _> = c.client.request("subscribe", json!({"channel": uri})).await;
+        r.ok()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_hold_when_another_node_forwards_to_the_owner() {
+    let nats = common::nats::NatsServer::start();
+    let dir = temp_dir("people-cluster");
+    let (a, b, c) = (
+        secured_node(&dir, &nats, "a"),
+        secured_node(&dir, &nats, "b"),
+        secured_node(&dir, &nats, "c"),
+    );
+    let at = |n: &ServerProcess, t: &str| format!("{}?token={t}", n.url());
+    let mut ann = TestClient::connect(&at(&a, &token("ann", "Ann", None)), "ann-a").await;
+    let (session, chat) = ann.create_session().await;
+    let s = session.as_str();
+    let mut vic = TestClient::connect(
+        &at(&b, &token("vic", "Vic", Some((s, Access::Viewer)))),
+        "vic-b",
+    )
+    .await;
+    let mut pat = TestClient::connect(&at(&c, &token("pat", "Pat", None)), "pat-c").await;
+    let mut abe = TestClient::connect(
+        &at(&b, &token("abe", "Abe", Some((s, Access::Approver)))),
+        "abe-b",
+    )
+    .await;
+    for p in [&vic, &pat, &abe] {
+        join(p, &session).await;
+        join(p, &chat).await;
+    }
+    let mut ma = ann.subscribe_chat(&chat).await;
+    let mut mv = vic.subscribe_chat(&chat).await;
+    let mut mp = pat.subscribe_chat(&chat).await;
+    let mut mb = abe.subscribe_chat(&chat).await;
+
+    // The viewer on b: b forwards to a, which refuses by role.
+    let seq = vic.dispatch(&chat, turn_started("vic-turn", "hi")).await;
+    let why = refusal(&mut vic, &mut mv, seq).await;
+    assert!(
+        why.contains("participant role") && why.contains("Vic is a viewer"),
+        "{why}"
+    );
+
+    ann.start_turn(&chat, ASK).await;
+    ann.wait_state(&mut ma, |s| open_request_id(s).is_some())
+        .await;
+    let rid = open_request_id(&ma.state).expect("open");
+    vic.wait_state(&mut mv, |s| open_request_id(s).is_some())
+        .await;
+    let seq = vic.dispatch(&chat, answer(&rid, "draft", "vic")).await;
+    let why = refusal(&mut vic, &mut mv, seq).await;
+    assert!(why.contains("participant role"), "{why}");
+    let (code, why) = rpc_refusal(
+        vic.client
+            .request("tandem/editText", json!({"channel": chat, "target": {"draft": true}, "base": 0, "seq": 1, "op": ["hi"]}))
+            .await,
+    );
+    assert_eq!(code, -32009, "{why}");
+    assert!(why.contains("participant role"), "{why}");
+
+    // The participant on c answers; it may not approve.
+    pat.wait_state(&mut mp, |s| open_request_id(s).is_some())
+        .await;
+    let seq = pat
+        .dispatch(&chat, answer(&rid, "submitted", "Tandem"))
+        .await;
+    accepted(&mut pat, &mut mp, seq).await;
+    let seq = pat.dispatch(&chat, completed(&rid)).await;
+    accepted(&mut pat, &mut mp, seq).await;
+    ann.wait_state(&mut ma, |s| s.active_turn.is_none()).await;
+    ann.start_turn(&chat, "/tool deploy {}").await;
+    pat.wait_state(&mut mp, |s| open_call(s).is_some()).await;
+    let (turn, call) = open_call(&mp.state).expect("a call waits");
+    let seq = pat.dispatch(&chat, approve(&turn, &call)).await;
+    let why = refusal(&mut pat, &mut mp, seq).await;
+    assert!(why.contains("approver role"), "{why}");
+
+    // The approver on b approves; every node's record names Pat and Abe.
+    abe.wait_state(&mut mb, |s| open_call(s).is_some()).await;
+    let seq = abe.dispatch(&chat, approve(&turn, &call)).await;
+    accepted(&mut abe, &mut mb, seq).await;
+    let settled = |s: &ChatState| s.active_turn.is_none() && s.turns.len() == 2;
+    for (p, m) in [
+        (&mut ann, &mut ma),
+        (&mut vic, &mut mv),
+        (&mut pat, &mut mp),
+    ] {
+        p.wait_state(m, settled).await;
+        let texts: Vec<String> = acts(&m.state).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(
+            texts,
+            ["Pat submitted the answers", "Abe approved `deploy`"]
+        );
+    }
+    drop((a, b, c));
+    let _ = std::fs::remove_dir_all(&dir);
+}
