@@ -117,7 +117,17 @@ impl Drop for NatsServer {
 /// A Tandem node of the cluster on `nats` (2-second leases), its log in
 /// `<dir>/<id>.log`.
 pub fn node(dir: &std::path::Path, nats: &NatsServer, id: &str) -> super::ServerProcess {
-    super::ServerProcess::spawn_with(
+    node_with_env(dir, nats, id, &[])
+}
+
+/// [`node`] with environment variables set for the server.
+pub fn node_with_env(
+    dir: &std::path::Path,
+    nats: &NatsServer,
+    id: &str,
+    env: &[(&str, &str)],
+) -> super::ServerProcess {
+    super::ServerProcess::spawn_with_env(
         &dir.join(format!("{id}.log")),
         &[
             "--cluster",
@@ -127,6 +137,7 @@ pub fn node(dir: &std::path::Path, nats: &NatsServer, id: &str) -> super::Server
             "--lease-secs",
             "2",
         ],
+        env,
     )
 }
 

@@ -76,6 +76,25 @@ fn acts(state: &ChatState) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// A viewer's `chat/turnStarted` is refused naming the role it needs.
+async fn viewer_cannot_start_a_turn(vic: &mut TestClient, m: &mut ChatMirror, chat: &str) {
+    let seq = vic.dispatch(chat, turn_started("vic-turn", "hello")).await;
+    let why = refusal(vic, m, seq).await;
+    assert!(
+        why.contains("participant role") && why.contains("Vic is a viewer"),
+        "{why}"
+    );
+}
+
+/// A viewer's `tandem/editText` is refused (-32009) naming the role.
+async fn viewer_cannot_type(vic: &TestClient, chat: &str) {
+    let edit =
+        json!({"channel": chat, "target": {"draft": true}, "base": 0, "seq": 1, "op": ["hi"]});
+    let (code, why) = rpc_refusal(vic.client.request("tandem/editText", edit).await);
+    assert_eq!(code, -32009, "{why}");
+    assert!(why.contains("participant role"), "{why}");
+}
+
 fn answer(rid: &str, state: &str, text: &str) -> StateAction {
     action(
         json!({"type": "chat/inputAnswerChanged", "requestId": rid, "questionId": "q",
@@ -165,12 +184,7 @@ async fn each_role_does_what_it_may_and_is_refused_the_rest_by_name() {
     let mut mb = abe.subscribe_chat(&chat).await;
 
     // A viewer starts no turn.
-    let seq = vic.dispatch(&chat, turn_started("vic-turn", "hello")).await;
-    let why = refusal(&mut vic, &mut mv, seq).await;
-    assert!(
-        why.contains("participant role") && why.contains("Vic is a viewer"),
-        "{why}"
-    );
+    viewer_cannot_start_a_turn(&mut vic, &mut mv, &chat).await;
 
     // Ann asks; a participant's message carries its author, not a forged one.
     ann.start_turn(&chat, ASK).await;
@@ -191,13 +205,7 @@ async fn each_role_does_what_it_may_and_is_refused_the_rest_by_name() {
         why.contains("`chat/inputAnswerChanged` needs the participant role"),
         "{why}"
     );
-    let (code, why) = rpc_refusal(
-        vic.client
-            .request("tandem/editText", json!({"channel": chat, "target": {"draft": true}, "base": 0, "seq": 1, "op": ["hi"]}))
-            .await,
-    );
-    assert_eq!(code, -32009);
-    assert!(why.contains("participant role"), "{why}");
+    viewer_cannot_type(&vic, &chat).await;
     let mode = action(json!({"type": "session/configChanged", "config": {"approvalMode": "auto"}}));
     let r = vic
         .client
@@ -343,18 +351,7 @@ async fn who_settled_a_form_and_an_approval_survives_sigkill() {
 /// A cluster node on `nats` that needs tokens signed with [`SECRET`].
 fn secured_node(dir: &std::path::Path, nats: &common::nats::NatsServer, id: &str) -> ServerProcess {
     let secret = std::str::from_utf8(SECRET).expect("an ASCII secret");
-    ServerProcess::spawn_with_env(
-        &dir.join(format!("{id}.log")),
-        &[
-            "--cluster",
-            &nats.url(),
-            "--node-id",
-            id,
-            "--lease-secs",
-            "2",
-        ],
-        &[("TANDEM_AUTH_SECRET", secret)],
-    )
+    common::nats::node_with_env(dir, nats, id, &[("TANDEM_AUTH_SECRET", secret)])
 }
 
 /// Subscribe to `uri` on a node that may not have heard of it yet.
@@ -400,12 +397,7 @@ async fn roles_hold_when_another_node_forwards_to_the_owner() {
     let mut mb = abe.subscribe_chat(&chat).await;
 
     // The viewer on b: b forwards to a, which refuses by role.
-    let seq = vic.dispatch(&chat, turn_started("vic-turn", "hi")).await;
-    let why = refusal(&mut vic, &mut mv, seq).await;
-    assert!(
-        why.contains("participant role") && why.contains("Vic is a viewer"),
-        "{why}"
-    );
+    viewer_cannot_start_a_turn(&mut vic, &mut mv, &chat).await;
 
     ann.start_turn(&chat, ASK).await;
     ann.wait_state(&mut ma, |s| open_request_id(s).is_some())
@@ -416,13 +408,7 @@ async fn roles_hold_when_another_node_forwards_to_the_owner() {
     let seq = vic.dispatch(&chat, answer(&rid, "draft", "vic")).await;
     let why = refusal(&mut vic, &mut mv, seq).await;
     assert!(why.contains("participant role"), "{why}");
-    let (code, why) = rpc_refusal(
-        vic.client
-            .request("tandem/editText", json!({"channel": chat, "target": {"draft": true}, "base": 0, "seq": 1, "op": ["hi"]}))
-            .await,
-    );
-    assert_eq!(code, -32009, "{why}");
-    assert!(why.contains("participant role"), "{why}");
+    viewer_cannot_type(&vic, &chat).await;
 
     // The participant on c answers; it may not approve.
     pat.wait_state(&mut mp, |s| open_request_id(s).is_some())
