@@ -83,6 +83,7 @@ async fn the_web_client_is_served_from_the_binary() {
         ("/reducers.js", "text/javascript; charset=utf-8"),
         ("/style.css", "text/css; charset=utf-8"),
         ("/admin.js", "text/javascript; charset=utf-8"),
+        ("/people.js", "text/javascript; charset=utf-8"),
         ("/favicon.svg", "image/svg+xml"),
     ] {
         let (status, headers, body) = http(server.addr, "GET", path).await;
@@ -232,6 +233,54 @@ async fn the_admin_view_shows_the_server_to_an_admin_only() {
     ];
     run_page_tests("admin.test.mjs", &env, 1, Duration::from_secs(120)).await;
     server.stop().await;
+}
+
+/// People in the web client (`web/tests/people.test.mjs`): against a
+/// server with auth, Ann (an owner of the session, by her token's `access`
+/// claim), Vic (a viewer of it, by his) and Pat (a participant, the
+/// server's default) open the same chat; Vic's page shows the tool approval
+/// and the form without their buttons and says why, Pat's the approval
+/// without its buttons, Ann approves and answers, and every page shows
+/// "Approved by Ann" and "Answered by Ann" and her name on her message.
+/// Against a server without auth, a person picks a name that their
+/// messages, their caret and a reloaded page keep. Writes `people.png`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_client_shows_who_did_what_and_offers_what_a_role_may_do() {
+    use tandem::auth::{now_secs, Authenticator, Claims, Role};
+    use tandem::people::Access;
+    let secret = b"people-web-test-secret-0123456789abcdef";
+    let server = TestServer::start_with(tandem::Config {
+        auth_secret: Some(secret.to_vec()),
+        ..tandem::Config::default()
+    })
+    .await;
+    let open = TestServer::start().await;
+    // The session's URI is chosen here, so the tokens can name it.
+    let session = format!("ahp-session:/{}", uuid::Uuid::new_v4());
+    let auth = Authenticator::new(secret).expect("key");
+    let mint = |sub: &str, name: &str, access: Option<Access>| {
+        auth.mint(&Claims {
+            sub: sub.into(),
+            role: Role::Client,
+            exp: now_secs() + 600,
+            name: Some(name.into()),
+            access: access.map(|a| [(session.clone(), a)].into()),
+            ..Default::default()
+        })
+        .expect("mint")
+    };
+    let env = [
+        ("TANDEM_URL", format!("http://{}/", server.addr)),
+        ("TANDEM_OPEN_URL", format!("http://{}/", open.addr)),
+        ("SESSION", session.clone()),
+        ("ANN_TOKEN", mint("ann", "Ann", Some(Access::Owner))),
+        ("VIC_TOKEN", mint("vic", "Vic", Some(Access::Viewer))),
+        // No claim for the session: the server's default, a participant.
+        ("PAT_TOKEN", mint("pat", "Pat", None)),
+    ];
+    run_page_tests("people.test.mjs", &env, 2, Duration::from_secs(150)).await;
+    server.stop().await;
+    open.stop().await;
 }
 
 /// The browser's operations (`web/coedit.js`) agree with the server's

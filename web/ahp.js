@@ -47,6 +47,7 @@ export class AhpClient extends EventTarget {
     super();
     this.url = url;
     this.clientId = clientId;
+    this.meta = null; // () => `_meta` for initialize / reconnect, or undefined
     this.ws = null;
     this.status = 'connecting'; // connecting | live | reconnecting | offline
     this.initialized = false; // after the first successful initialize
@@ -99,6 +100,7 @@ export class AhpClient extends EventTarget {
         clientId: this.clientId,
         clientInfo: { name: 'tandem-web', version: '1' },
         initialSubscriptions: [ROOT],
+        ...this.metaParams(),
       }, (result) => {
         this.initialized = true;
         const seqs = result.snapshots.map((s) => s.fromSeq);
@@ -120,6 +122,7 @@ export class AhpClient extends EventTarget {
       clientId: this.clientId,
       lastSeenServerSeq: this.lastSeenServerSeq,
       subscriptions: [...this.channels.keys()],
+      ...this.metaParams(),
     }, (result) => {
       this.stats.reconnects += 1;
       this.stats.lastReconnect = result.type;
@@ -152,6 +155,12 @@ export class AhpClient extends EventTarget {
       console.warn('reconnect failed', e);
       this.ws?.close();
     });
+  }
+
+  /** `{_meta}` for `initialize` / `reconnect` when `this.meta()` gives one (e.g. the person's name). */
+  metaParams() {
+    const meta = this.meta?.();
+    return meta ? { _meta: meta } : {};
   }
 
   ready() {

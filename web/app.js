@@ -9,6 +9,7 @@ import { renderMarkdown, inline } from './markdown.js';
 import { InputRequestCard, ToolCallCard } from './cards.js';
 import { SharedField } from './coedit.js';
 import { AdminView } from './admin.js';
+import { People, SessionAccess, nameField, tokenClaims, can, roleNote, authorOf, actOf, actText, actsIn } from './people.js';
 
 // A server with a secret wants a bearer token on the upgrade; a browser passes
 // it as `?token=…`, taken here from the page's own URL (`/?token=…#/`).
@@ -19,6 +20,8 @@ const wsUrl = `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.hos
 const clientId = `web-${uuid()}`;
 
 const client = new AhpClient({ url: wsUrl, clientId });
+// Who this page speaks for: the name sent in `initialize` (no auth) or the token's.
+const people = new People({ client, token });
 
 const ACTIVITY_LABEL = {
   'input-needed': 'Input needed',
@@ -59,16 +62,9 @@ const crumbsEl = h('div', { class: 'crumbs' });
 const viewEl = h('main', { class: 'view' });
 const toastsEl = h('div', { class: 'toasts', 'aria-live': 'polite' });
 
-/** The role a token claims (shown links only; the server decides). */
-function tokenRole(t) {
-  try {
-    return JSON.parse(atob(t.split('.')[1].replace(/-/g, '+').replace(/_/g, '/'))).role;
-  } catch {
-    return null;
-  }
-}
-// Without a token the server has no auth (loopback): everyone is an admin.
-const adminLink = !token || tokenRole(token) === 'admin'
+// The role a token claims (shown links only; the server decides). Without
+// a token the server has no auth (loopback): everyone is an admin.
+const adminLink = !token || tokenClaims(token)?.role === 'admin'
   ? h('a', { class: 'admin-link', href: '#/admin', 'data-action': 'admin' }, 'Admin')
   : null;
 
@@ -77,6 +73,7 @@ document.getElementById('app').replaceChildren(
     h('a', { class: 'brand', href: '#/' }, h('img', { src: '/favicon.svg', alt: '', width: 22, height: 22 }), h('span', null, 'Tandem')),
     crumbsEl,
     adminLink,
+    nameField(people, { onError: (m) => toast(m, 'err') }),
     connEl),
   viewEl,
   toastsEl);
@@ -240,9 +237,14 @@ class TurnView {
 
   update(turn, live, ctx) {
     const text = turn.message?.text ?? '';
-    if (this.userText !== text) {
-      this.userText = text;
-      setChildren(this.userEl, h('div', { class: 'bubble' }, text));
+    // Who sent it, as the host stamped it (none until the echo, or an agent's).
+    const author = authorOf(turn.message);
+    const sig = JSON.stringify([text, author?.name, author?.subject]);
+    if (this.userSig !== sig) {
+      this.userSig = sig;
+      setChildren(this.userEl,
+        author && h('div', { class: 'msg-author', title: author.subject ? `${author.name} (${author.subject})` : author.name }, author.name),
+        h('div', { class: 'bubble' }, text));
     }
     this.el.classList.toggle('is-live', live);
     this.el.classList.toggle('is-pending', !!ctx.pendingTurn);
@@ -336,6 +338,15 @@ function makePart(part, ctx) {
       const comp = {
         el,
         update(p) {
+          // A person's act (written by the host): one compact line.
+          const act = actOf(p);
+          const line = act && actText(act);
+          if (line) {
+            el.classList.add('act-note');
+            el.dataset.act = act.kind;
+            setText(el, line);
+            return;
+          }
           el.innerHTML = inline(typeof p.content === 'string' ? p.content : p.content?.markdown ?? '');
         },
       };
@@ -357,7 +368,10 @@ class ChatView {
     this.announced = new Set(); // cards already scrolled into view
     this.badgeEl = badge(1);
     this.titleEl = h('span', { class: 'crumb-title' }, '…');
-    setChildren(crumbsEl, h('a', { class: 'crumb-back', href: '#/', 'aria-label': 'All sessions' }, '‹'), this.titleEl, this.badgeEl);
+    // The person's role here (with a token: without one everyone owns everything).
+    this.roleEl = h('span', { class: 'role-badge', hidden: true, title: 'Your role in this session' });
+    setChildren(crumbsEl, h('a', { class: 'crumb-back', href: '#/', 'aria-label': 'All sessions' }, '‹'), this.titleEl, this.badgeEl, this.roleEl);
+    this.access = new SessionAccess({ client, people, session: this.session, onChange: (role) => this.roleChanged(role) });
 
     this.transcriptEl = h('div', { class: 'transcript', 'aria-live': 'polite' });
     // Hidden until the chat's state has arrived: an empty chat says so then,
@@ -373,10 +387,8 @@ class ChatView {
 
     // Closed until the chat's state and its shared draft are here: text
     // typed before would have no chat to go to, or be replaced by the draft.
-    this.input = h('textarea', {
-      class: 'composer-input', rows: 1, 'aria-label': 'Message', disabled: true,
-      placeholder: matchMedia('(max-width: 640px)').matches ? 'Message the agent' : 'Message the agent — try /demo',
-    });
+    this.placeholder = matchMedia('(max-width: 640px)').matches ? 'Message the agent' : 'Message the agent — try /demo';
+    this.input = h('textarea', { class: 'composer-input', rows: 1, 'aria-label': 'Message', disabled: true, placeholder: this.placeholder });
     this.input.addEventListener('input', () => this.autosize());
     this.input.addEventListener('keydown', (e) => {
       if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
@@ -413,18 +425,20 @@ class ChatView {
       if (this.disposed) return;
       if (!this.chat) this.chat = session?.defaultChat ?? session?.chats?.[0]?.resource;
       if (!this.chat) throw new Error('the session has no chat');
-      await client.subscribe(this.chat);
+      // What this person may do here, asked while the chat loads.
+      await Promise.all([client.subscribe(this.chat), this.access.fetch()]);
       if (this.disposed) return;
       this.draftField ??= new SharedField({
         client, chat: this.chat, target: { draft: true }, input: this.input, marks: this.draftPeers,
         onText: () => this.autosize(),
       });
-      this.input.disabled = false;
+      this.loaded = true;
+      this.input.disabled = !this.canSend();
       this.render();
       this.scrollToBottom(true);
       this.announced.clear();
       this.revealNewCards('instant');
-      if (!matchMedia('(pointer: coarse)').matches) this.input.focus();
+      if (!matchMedia('(pointer: coarse)').matches && !this.input.disabled) this.input.focus();
     } catch (e) {
       setChildren(this.transcriptEl, h('div', { class: 'card error-card' }, `Could not open this session: ${e.message}`));
     }
@@ -445,6 +459,7 @@ class ChatView {
     if (session) {
       setText(this.titleEl, session.title || 'Untitled session');
       document.title = `${session.title || 'Session'} · Tandem`;
+      this.access.check(session);
     }
     if (!chat) return;
     updateBadge(this.badgeEl, chat.status);
@@ -452,7 +467,7 @@ class ChatView {
     const nearBottom = this.isNearBottom();
     const confirmed = client.confirmedState(this.chat);
     const confirmedIds = new Set([...(confirmed?.turns ?? []).map((t) => t.id), confirmed?.activeTurn?.id]);
-    const ctx = { client, chat: this.chat, myId: client.clientId, editors, rejections };
+    const ctx = { client, chat: this.chat, myId: client.clientId, editors, rejections, role: this.access.role, acts: actsIn(chat) };
     const list = [...chat.turns.map((t) => [t, false]), ...(chat.activeTurn ? [[chat.activeTurn, true]] : [])];
     const nodes = [];
     const seen = new Set();
@@ -477,14 +492,35 @@ class ChatView {
 
     const active = chat.activeTurn;
     this.activeTurnId = active?.id ?? null;
-    this.sendBtn.disabled = !!active;
-    this.stopBtn.hidden = !active;
+    const canSend = this.canSend();
+    this.sendBtn.disabled = !!active || !canSend;
+    this.stopBtn.hidden = !active || !canSend;
     const a = activityOf(chat.status);
-    setText(this.composerNote, active
-      ? (a === 'input-needed' ? 'The agent is waiting for you — answer the card above.' : 'The agent is working…')
-      : '');
+    const role = this.access.role;
+    let note = '';
+    if (!canSend && role) note = roleNote(role, 'sending messages', 'participant');
+    else if (active && a !== 'input-needed') note = 'The agent is working…';
+    else if (active) {
+      note = can(role, 'approver') ? 'The agent is waiting for you — answer the card above.' : 'The agent is waiting for someone — see the card above.';
+    }
+    setText(this.composerNote, note);
+    this.composerNote.classList.toggle('role-note', !canSend && !!role);
     if (nearBottom) this.scrollToBottom(true);
     this.revealNewCards();
+  }
+
+  /** Whether this person may send messages and type the shared draft here. */
+  canSend() {
+    return can(this.access.role, 'participant');
+  }
+
+  roleChanged(role) {
+    this.roleEl.hidden = !token || !role;
+    setText(this.roleEl, role ?? '');
+    if (role) this.roleEl.dataset.role = role;
+    if (this.loaded) this.input.disabled = !this.canSend();
+    this.input.placeholder = role && !this.canSend() ? 'Watching: you cannot send messages here' : this.placeholder;
+    this.schedule();
   }
 
   /** Bring a card that newly waits for a person into view (once per card). */
@@ -519,7 +555,7 @@ class ChatView {
 
   send() {
     const text = this.input.value.trim();
-    if (!text || !this.chat) return;
+    if (!text || !this.chat || !this.canSend()) return;
     const chat = client.state(this.chat);
     if (chat?.activeTurn) {
       toast('The agent is still on the last message. Stop it or wait.', 'info');
@@ -568,6 +604,7 @@ class ChatView {
 
   dispose() {
     this.disposed = true;
+    this.access.close();
     this.draftField?.close();
     if (this.frame) cancelAnimationFrame(this.frame);
     client.removeEventListener('change', this.onChange);

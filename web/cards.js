@@ -7,6 +7,7 @@ import { SharedField } from './coedit.js';
 import { h, setChildren, setText } from './dom.js';
 import { inline, escapeHtml } from './markdown.js';
 import { checkAnswer, checkAccept, formatHint, linkTarget, ruleHint } from './validate.js';
+import { can, roleNote, actText } from './people.js';
 
 const DRAFT_DEBOUNCE_MS = 150;
 
@@ -21,6 +22,26 @@ function inlineEl(tag, cls, som) {
 
 function chip(text, kind) {
   return h('span', { class: `chip chip-${kind}` }, text);
+}
+
+/** The line naming who settled a card ("Approved by Ann · 10:42"), from its act. */
+function showAct(el, act) {
+  const line = act ? actText(act) : null;
+  setText(el, line ?? '');
+  el.hidden = !line;
+}
+
+/**
+ * Offer a card's actions only to a role that may take them: hide `actionsEl`
+ * and show why in `noteEl`. Returns whether they are offered.
+ */
+function gate(role, need, what, actionsEl, noteEl) {
+  const ok = can(role, need);
+  if (actionsEl) actionsEl.hidden = !ok;
+  const why = !ok && role ? roleNote(role, what, need) : '';
+  setText(noteEl, why);
+  noteEl.hidden = !why;
+  return ok;
 }
 
 // ─── Input requests ──────────────────────────────────────────────────────
@@ -334,11 +355,14 @@ export class InputRequestCard {
     this.errorEl = h('div', { class: 'card-error', role: 'alert', hidden: true });
     const urlOnly = r.url && !(r.questions ?? []).length;
     this.submitBtn = h('button', { class: 'btn btn-primary', type: 'submit', 'data-action': 'submit' }, urlOnly ? 'Done' : 'Submit');
+    this.roleEl = h('div', { class: 'role-note', role: 'note', hidden: true });
+    this.allowed = undefined;
     const form = h('form', { class: 'card-body', novalidate: true, onsubmit: (e) => { e.preventDefault(); this.submit(); } },
       r.url ? this.buildUrl(r.url) : null,
       qs.length ? h('div', { class: 'questions' }, qs) : null,
       this.errorEl,
-      h('footer', { class: 'card-actions' },
+      this.roleEl,
+      this.actionsEl = h('footer', { class: 'card-actions' },
         this.submitBtn,
         h('button', { class: 'btn', type: 'button', 'data-action': 'decline', onclick: () => this.complete('decline') }, 'Decline'),
         h('button', { class: 'btn btn-ghost', type: 'button', 'data-action': 'cancel', onclick: () => this.complete('cancel') }, 'Cancel')));
@@ -415,7 +439,21 @@ export class InputRequestCard {
     return this.request.answers ?? {};
   }
 
+  /** Answering needs a participant: a viewer sees the card, read-only, and why. */
+  refreshRole() {
+    const ok = gate(this.ctx.role, 'participant', 'answering', this.actionsEl, this.roleEl);
+    if (ok === this.allowed) return ok;
+    this.allowed = ok;
+    for (const entry of this.questions.values()) {
+      entry.control.setDisabled(!ok);
+      if (entry.skipBtn) entry.skipBtn.disabled = !ok;
+    }
+    setText(this.stateChip, ok ? 'Waiting for you' : 'Waiting');
+    return ok;
+  }
+
   refreshOpen() {
+    const ok = this.refreshRole();
     const answers = this.answers();
     for (const [qid, entry] of this.questions) {
       const a = answers[qid];
@@ -423,7 +461,8 @@ export class InputRequestCard {
       entry.row.classList.toggle('is-skipped', skipped);
       entry.skippedEl.hidden = !skipped;
       entry.control.el.hidden = skipped;
-      if (entry.skipBtn) entry.skipBtn.hidden = skipped;
+      if (entry.skipBtn) entry.skipBtn.hidden = skipped || !ok;
+      entry.skippedEl.querySelector('[data-action="unskip"]').hidden = !ok;
       if (!entry.dirty && !skipped && !entry.shared?.active) {
         const before = entry.control.read();
         entry.control.show(a?.value);
@@ -582,22 +621,26 @@ export class InputRequestCard {
     this.stateChip = chip(label, kind);
     this.answersEl = h('dl', { class: 'answers' });
     this.urlEl = this.request.url ? h('div', { class: 'url-row settled' }, h('span', { class: 'url-text' }, this.request.url)) : null;
-    setChildren(this.el, this.head(this.stateChip), h('div', { class: 'card-body' }, this.urlEl, this.answersEl));
+    this.actEl = h('div', { class: 'card-act', hidden: true });
+    setChildren(this.el, this.head(this.stateChip), h('div', { class: 'card-body' }, this.urlEl, this.answersEl, this.actEl));
   }
 
   refreshSettled() {
     const r = this.request;
     const answers = r.answers ?? {};
+    const act = this.ctx.acts?.get(`input:${this.requestId}`) ?? null;
+    showAct(this.actEl, act);
     const rows = (r.questions ?? []).map((q) => {
       const a = answers[q.id];
       const text = describeAnswer(q, a);
       const final = this.part.response === 'accept' ? a?.state === 'submitted' || a?.state === 'skipped' : false;
-      return h('div', { class: `answer-row${final ? '' : ' is-draft'}`, 'data-qid': q.id },
+      const by = act?.answeredBy?.[q.id];
+      return h('div', { class: `answer-row${final ? '' : ' is-draft'}`, 'data-qid': q.id, title: by ? `Answered by ${by}` : null },
         h('dt', null, q.title ?? q.id),
         h('dd', null, text == null ? h('span', { class: 'muted' }, '—') : text,
           a?.state === 'draft' ? h('span', { class: 'tag tag-muted' }, 'draft') : null));
     });
-    const sig = JSON.stringify([r.answers, this.part.response]);
+    const sig = JSON.stringify([r.answers, this.part.response, act?.answeredBy]);
     if (sig !== this.sig) {
       this.sig = sig;
       setChildren(this.answersEl, rows);
@@ -681,8 +724,14 @@ export class ToolCallCard {
         h('div', { class: 'card-sub' }, h('code', null, tc.toolName ?? tc.displayName), this.metaLine())),
       this.chipFor());
     const body = h('div', { class: 'card-body' });
+    // Approving needs an approver: others see the card, without buttons, and why.
+    this.roleEl = h('div', { class: 'role-note', role: 'note', hidden: true });
+    this.decideEl = null;
+    this.editBtn = null;
     if (tc.status === 'pending-confirmation') this.buildPending(body);
     else this.buildInfo(body);
+    this.actEl = h('div', { class: 'card-act', hidden: true });
+    body.append(this.roleEl, this.actEl);
     setChildren(this.el, head, body);
   }
 
@@ -714,7 +763,7 @@ export class ToolCallCard {
       if (tc.error) body.append(h('div', { class: 'card-error' }, textOf(tc.error.message ?? tc.error)));
     }
     if (tc.status === 'pending-result-confirmation') {
-      body.append(h('footer', { class: 'card-actions' },
+      body.append(this.decideEl = h('footer', { class: 'card-actions' },
         h('button', { class: 'btn btn-primary', type: 'button', onclick: () => this.confirmResult(true) }, 'Accept result'),
         h('button', { class: 'btn btn-danger', type: 'button', onclick: () => this.confirmResult(false) }, 'Reject result')));
     }
@@ -769,10 +818,17 @@ export class ToolCallCard {
     }
     this.actions = h('footer', { class: 'card-actions' }, buttons);
     this.errorEl = h('div', { class: 'card-error', role: 'alert', hidden: true });
-    body.append(this.errorEl, this.actions, this.denyBox);
+    this.decideEl = h('div', { class: 'decide' }, this.actions, this.denyBox);
+    body.append(this.errorEl, this.decideEl);
   }
 
   refresh() {
+    showAct(this.actEl, this.ctx.acts?.get(`tool:${this.toolCallId}`) ?? null);
+    if (this.decideEl) {
+      const what = this.status === 'pending-confirmation' ? 'approving' : 'accepting a result';
+      const ok = gate(this.ctx.role, 'approver', what, this.decideEl, this.roleEl);
+      if (this.editBtn) this.editBtn.hidden = !ok;
+    }
     if (this.status !== 'pending-confirmation') return;
     const rejection = this.ctx.rejections.get(`tool:${this.toolCallId}`);
     this.errorEl.hidden = !rejection;

@@ -403,7 +403,8 @@ export class SharedField {
     else {
       // A caret counts on the text at `rev`: drawn while this page is at
       // that revision too (one ahead of here is drawn once it catches up).
-      const name = p.subject && p.subject !== 'local' ? p.subject : `guest ${p.clientId.replace(/^web-/, '').slice(0, 4)}`;
+      // The server names each entry's person (`name`); an older one did not.
+      const name = p.name || (p.subject && p.subject !== 'local' ? p.subject : `guest ${p.clientId.replace(/^web-/, '').slice(0, 4)}`);
       this.others.set(p.clientId, { name, caret: p.caret ?? null, rev: p.rev, state: p.state });
     }
     this.render();

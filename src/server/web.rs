@@ -44,6 +44,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("/cards.js", "cards.js", JS),
     asset!("/coedit.js", "coedit.js", JS),
     asset!("/admin.js", "admin.js", JS),
+    asset!("/people.js", "people.js", JS),
 ];
 
 /// Register a GET (and HEAD) route per embedded file.
