@@ -89,6 +89,8 @@ pub struct Principal {
     pub name: Option<String>,
     /// Access its token gives in given sessions.
     pub access: Arc<std::collections::BTreeMap<String, crate::people::Access>>,
+    /// The invite link it came in through, instead of a token.
+    pub invite: Option<Arc<crate::invites::Guest>>,
 }
 
 impl Principal {
@@ -101,6 +103,7 @@ impl Principal {
             expires_at_secs: None,
             name: None,
             access: Arc::default(),
+            invite: None,
         }
     }
 
@@ -351,6 +354,7 @@ impl Authenticator {
             expires_at_secs: Some(c.exp),
             name: c.name.as_deref().and_then(crate::people::clean_name),
             access: Arc::new(c.access.unwrap_or_default()),
+            invite: None,
         })
     }
 }

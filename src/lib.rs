@@ -58,6 +58,7 @@ pub mod coedit;
 pub mod config;
 pub mod ids;
 pub mod interactions;
+pub mod invites;
 pub mod memory;
 pub(crate) mod metrics;
 pub mod people;

@@ -79,6 +79,7 @@ fn main() {
         cli::Invocation::Serve(s) => serve(*s),
         cli::Invocation::Token(t) => mint(t),
         cli::Invocation::CheckConfig { file, serve } => check(&file, &serve),
+        cli::Invocation::AuditExport { session, serve } => export_audit(&session, &serve),
     };
     if let Err(e) = done {
         eprintln!("tandem: {e:#}");
@@ -116,6 +117,48 @@ fn check(file: &std::path::Path, serve: &cli::Serve) -> anyhow::Result<()> {
         serve.config.agents.len()
     );
     Ok(())
+}
+
+/// `tandem audit export --session URI`: the session's audit log as JSON
+/// lines on stdout, from the store the serve flags name.
+fn export_audit(session: &str, serve: &cli::Serve) -> anyhow::Result<()> {
+    use std::io::Write;
+    const PAGE: u64 = 500;
+    let session: tandem::ids::ChannelUri = session.into();
+    let cluster = match (&serve.config.cluster, &serve.config.data_dir) {
+        (Some(cluster), _) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let journal = rt
+                .block_on(tandem::store::JetStreamJournal::connect(cluster))
+                .map_err(|e| anyhow::anyhow!("reaching the cluster's store: {e}"))?;
+            Some(journal)
+        }
+        (None, Some(_)) => None,
+        (None, None) => {
+            anyhow::bail!("name the store: --data-dir DIR, or --cluster URL --node-id ID")
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let mut after = 0;
+    loop {
+        let page = match (&cluster, &serve.config.data_dir) {
+            (Some(j), _) => tandem::store::Journal::audit_page(j, &session, after, PAGE),
+            (None, Some(dir)) => {
+                tandem::store::SqliteJournal::read_audit(dir, &session, after, PAGE)
+            }
+            (None, None) => unreachable!("checked above"),
+        }
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        for (cursor, entry) in &page {
+            writeln!(out, "{entry}")?;
+            after = *cursor;
+        }
+        if (page.len() as u64) < PAGE {
+            return Ok(());
+        }
+    }
 }
 
 fn serve(serve: cli::Serve) -> anyhow::Result<()> {

@@ -14,12 +14,15 @@ use ahp_types::actions::StateAction;
 
 use super::validate::{action_type, Rejection};
 use crate::ids::ChannelUri;
+use crate::invites::{Invite, InviteTable};
 use crate::people::{needed_for, Access, AccessTable, Person};
 
-/// The access tables of the sessions on this node.
+/// The access tables of the sessions on this node, and their invite
+/// links by id (for an upgrade to find the session a code is for).
 #[derive(Default)]
 pub struct AccessBook {
     tables: RwLock<HashMap<ChannelUri, Arc<AccessTable>>>,
+    invites: RwLock<HashMap<String, (ChannelUri, Invite)>>,
 }
 
 impl AccessBook {
@@ -32,10 +35,48 @@ impl AccessBook {
         t.insert(session.clone(), Arc::new(table));
     }
 
-    /// Forget `session` (disposed, or no longer on this node).
+    /// Forget `session` (disposed, or no longer on this node), and its
+    /// links.
     pub fn remove(&self, session: &ChannelUri) {
         let mut t = self.tables.write().unwrap_or_else(|e| e.into_inner());
         t.remove(session);
+        drop(t);
+        self.set_invites(session, &InviteTable::default());
+    }
+
+    /// Keep `table` as `session`'s links.
+    pub fn set_invites(&self, session: &ChannelUri, table: &InviteTable) {
+        let mut i = self.invites.write().unwrap_or_else(|e| e.into_inner());
+        let unchanged = table
+            .0
+            .iter()
+            .all(|(id, inv)| i.get(id).is_some_and(|(s, old)| s == session && old == inv))
+            && i.values().filter(|(s, _)| s == session).count() == table.0.len();
+        if unchanged {
+            return;
+        }
+        i.retain(|_, (s, _)| s != session);
+        for (id, inv) in &table.0 {
+            i.insert(id.clone(), (session.clone(), inv.clone()));
+        }
+    }
+
+    /// The link `id` and its session.
+    pub fn invite(&self, id: &str) -> Option<(ChannelUri, Invite)> {
+        let i = self.invites.read().unwrap_or_else(|e| e.into_inner());
+        i.get(id).cloned()
+    }
+
+    /// `session`'s links, by id.
+    pub fn invites_of(&self, session: &ChannelUri) -> Vec<(String, Invite)> {
+        let i = self.invites.read().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<_> = i
+            .iter()
+            .filter(|(_, (s, _))| s == session)
+            .map(|(id, (_, inv))| (id.clone(), inv.clone()))
+            .collect();
+        v.sort_by(|a, b| a.1.created_at.cmp(&b.1.created_at));
+        v
     }
 
     /// `session`'s table (empty if this node has none).

@@ -302,6 +302,19 @@ impl ChannelAddr {
         Some(async move { sent.await.map_err(|e| RpcError::internal(e.to_string()))? })
     }
 
+    /// A change to this session's invite links; `None` unless this is a
+    /// session.
+    pub fn invites(
+        &self,
+        op: crate::channels::session::InviteOp,
+        by: Option<Person>,
+    ) -> Option<impl Future<Output = Result<serde_json::Value, RpcError>>> {
+        let sent = self
+            .session()?
+            .send(crate::channels::session::Invites { op, by });
+        Some(async move { sent.await.map_err(|e| RpcError::internal(e.to_string()))? })
+    }
+
     /// `tandem/listPending`: the session's unsettled interactions; `None`
     /// unless this is a session.
     pub fn list_pending(&self) -> Option<impl Future<Output = Result<Vec<PendingItem>, RpcError>>> {

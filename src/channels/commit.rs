@@ -435,6 +435,10 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
     /// then answer `done`. While the journal has it the actor handles nothing
     /// else.
     fn commit(&mut self, ctx: &mut Context<Self>, batch: Vec<Accepted>, done: Option<Done>) {
+        if batch.is_empty() || self.parts().0.follower || !Self::JOURNALED {
+            // Nothing this node stores: no act of it is on the record.
+            self.parts().0.audit.clear();
+        }
         if batch.is_empty() {
             if let Some(done) = done {
                 let _ = done.send(Ok(()));

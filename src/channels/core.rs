@@ -86,6 +86,10 @@ pub struct ChannelCore {
     /// by origin: each gets its echo when the action comes back, even if
     /// not subscribed (as a dispatcher does from an owner).
     pub forwarded: std::collections::HashMap<(String, i64), Forwarded>,
+    /// Audit entries of the acts reduced since the last append
+    /// ([`super::audit`]): the next append stores them with its batch, and
+    /// a batch that is not stored drops them.
+    pub audit: Vec<crate::store::AuditRecord>,
     /// Records journaled since the last snapshot.
     since_snapshot: u64,
     /// `serverSeq` values claimed for journaled actions not yet published.
@@ -108,6 +112,7 @@ impl ChannelCore {
             store_failed: None,
             unreadable: None,
             refused_at: None,
+            audit: Vec::new(),
             since_snapshot: 0,
             claimed: 0,
         }
@@ -173,6 +178,7 @@ impl ChannelCore {
         truncate_turns_from: Option<u64>,
         state: impl FnOnce() -> Option<String>,
     ) -> crate::store::Commit {
+        let audit = std::mem::take(&mut self.audit);
         let records: Vec<Record> = batch.iter().map(|a| a.json.clone()).collect();
         let origins = if batch.iter().any(|a| a.origin.is_some()) {
             batch
@@ -209,6 +215,7 @@ impl ChannelCore {
                 truncate_turns_from,
                 snapshot,
                 origins,
+                audit,
             },
         )
     }

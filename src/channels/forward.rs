@@ -69,6 +69,16 @@ pub enum ForwardRequest {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<crate::people::Person>,
     },
+    /// A change to `session`'s invite links.
+    Invites {
+        /// Session URI.
+        session: String,
+        /// The change.
+        change: crate::channels::session::InviteOp,
+        /// Who asks, for the owner to check.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<crate::people::Person>,
+    },
     /// Hand `session` (and its chats) over to the asking node, where its
     /// agent's provider is connected.
     Handoff {

@@ -13,6 +13,7 @@
 pub(crate) mod access;
 pub(crate) mod addr;
 pub(crate) mod agent;
+pub mod audit;
 pub(crate) mod chat;
 pub(crate) mod commit;
 pub(crate) mod context;

@@ -24,8 +24,8 @@ use super::{ClientDispatch, Subscribe};
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::publish::Hub;
 use crate::store::{
-    Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, MemoryJournal, Recovered,
-    RecoveredChannel, TurnPage,
+    AuditPage, Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, MemoryJournal,
+    Recovered, RecoveredChannel, TurnPage,
 };
 use crate::transport::Outbound;
 
@@ -189,6 +189,10 @@ impl Journal for TestJournal {
 
     fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
         self.inner.turns_before(chat, before, limit)
+    }
+
+    fn audit_page(&self, session: &ChannelUri, after: u64, limit: u64) -> AuditPage {
+        self.inner.audit_page(session, after, limit)
     }
 
     fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {

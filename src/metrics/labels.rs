@@ -65,13 +65,14 @@ impl RejectClass {
 }
 
 /// Why the server closed a connection it did not want to keep.
-pub(super) const EVICTIONS: [&str; 6] = [
+pub(super) const EVICTIONS: [&str; 7] = [
     "overflow",
     "idle",
     "too_large",
     "malformed",
     "invalid_text",
     "token_expired",
+    "invite_ended",
 ];
 
 /// The eviction label of a close, `None` for an ordinary close.
@@ -83,6 +84,7 @@ pub(super) fn eviction(cause: &CloseCause) -> Option<usize> {
         CloseCause::Malformed(_) => 3,
         CloseCause::InvalidText(_) => 4,
         CloseCause::TokenExpired => 5,
+        CloseCause::InviteEnded(_) => 6,
         CloseCause::Normal | CloseCause::ClientClosed(_) | CloseCause::Shutdown => return None,
     };
     Some(i)

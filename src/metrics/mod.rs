@@ -65,7 +65,7 @@ pub struct Metrics {
     pub deliveries: Counter,
     /// Bytes written to sockets.
     pub sent_bytes: Counter,
-    evictions: [Counter; 6],
+    evictions: [Counter; 7],
     reconnect_replay: Counter,
     reconnect_snapshot: Counter,
     commits: CommitMetrics,

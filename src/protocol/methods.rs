@@ -39,6 +39,14 @@ pub const SET_NAME: &str = "tandem/setName";
 pub const ACCESS: &str = "tandem/access";
 /// Tandem extension: an owner sets what someone may do in a session.
 pub const SET_ACCESS: &str = "tandem/setAccess";
+/// Tandem extension: an owner makes an invite link for a session.
+pub const CREATE_INVITE: &str = "tandem/createInvite";
+/// Tandem extension: a session's invite links.
+pub const LIST_INVITES: &str = "tandem/listInvites";
+/// Tandem extension: an owner ends an invite link.
+pub const REVOKE_INVITE: &str = "tandem/revokeInvite";
+/// Tandem extension: a page of a session's audit log.
+pub const AUDIT_LOG: &str = "tandem/auditLog";
 
 /// Decode a method's params into its `ahp-types` struct; a mismatch is
 /// `-32602 Invalid params` naming the method and serde's reason.

@@ -130,6 +130,7 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
         | ForwardRequest::DisposeChat { session, .. }
         | ForwardRequest::DisposeSession { session, .. }
         | ForwardRequest::SetAccess { session, .. }
+        | ForwardRequest::Invites { session, .. }
         | ForwardRequest::Handoff { session } => session.clone(),
     };
     let Some(target) = shared.registry.get(&channel) else {
@@ -183,6 +184,10 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
             by,
             ..
         } => match target.addr.set_access(subject, access, by) {
+            Some(done) => Box::pin(async move { ForwardReply::of_value(done.await).encode() }),
+            None => ready(ForwardReply::NotOwner),
+        },
+        ForwardRequest::Invites { change, by, .. } => match target.addr.invites(change, by) {
             Some(done) => Box::pin(async move { ForwardReply::of_value(done.await).encode() }),
             None => ready(ForwardReply::NotOwner),
         },

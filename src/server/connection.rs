@@ -72,6 +72,7 @@ impl Connection {
             None => crate::rate::Rates::own(limits, now),
         };
         let budget = crate::rate::DispatchBudget::new(limits, now);
+        let principal_name = principal.invite.as_ref().and_then(|g| g.name.clone());
         // This thread serves connections: sessions created here may run here.
         app.shared.homes.serve_here();
         let conn = Connection {
@@ -85,7 +86,7 @@ impl Connection {
             rates,
             budget,
             slot: Some(slot),
-            chosen_name: None,
+            chosen_name: principal_name,
         };
         let addr = Connection::create(move |ctx| {
             ctx.add_stream(inbound);
@@ -113,6 +114,34 @@ impl Connection {
             }
             .into_actor(self),
         );
+    }
+}
+
+/// How often a connection that came in through an invite link looks at
+/// the link: a revocation (journaled, so on every node) or the link's
+/// expiry closes it within this much.
+const INVITE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Connection {
+    /// Close the socket once the invite link it came in through is revoked
+    /// or expires.
+    fn watch_invite(&mut self, ctx: &mut Context<Self>) {
+        if self.principal.invite.is_none() {
+            return;
+        }
+        ctx.run_interval(INVITE_CHECK, |act, ctx| {
+            let Some(guest) = &act.principal.invite else {
+                return;
+            };
+            let now = crate::auth::now_secs();
+            if let Err(closed) = guest.still_open(&act.app.shared.access, now) {
+                if !act.out.is_closing() {
+                    tracing::info!(conn = %act.out.id(), subject = %act.principal.subject, reason = closed.reason(), "closing: the invite link ended");
+                    act.out.close(CloseCause::InviteEnded(closed.reason()));
+                }
+                ctx.stop();
+            }
+        });
     }
 }
 
@@ -144,6 +173,7 @@ impl Actor for Connection {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.arm_expiry(ctx);
+        self.watch_invite(ctx);
     }
 
     fn stopping(&mut self, _: &mut Self::Context) -> Running {

@@ -24,8 +24,10 @@
 pub(crate) mod access;
 mod admin;
 pub(crate) mod admission;
+mod audit;
 mod cluster;
 pub(crate) mod connection;
+mod invites;
 pub(crate) mod params;
 mod people;
 mod presence;

@@ -36,8 +36,8 @@ impl Connection {
             .clone()
             .or_else(|| self.chosen_name.clone())
             .unwrap_or_else(|| match &self.app.auth {
-                Some(_) => self.principal.subject.clone(),
-                None => format!("guest {}", short(&client_id)),
+                Some(_) if self.principal.invite.is_none() => self.principal.subject.clone(),
+                _ => format!("guest {}", short(&client_id)),
             });
         Some(Person {
             name,
@@ -53,7 +53,7 @@ impl Connection {
     /// Take the name a client gives in `initialize` / `reconnect`'s `_meta`,
     /// when it may name itself (no authentication); ignored otherwise.
     pub(super) fn name_from(&mut self, meta: Option<&Map<String, Value>>) {
-        if self.app.auth.is_some() {
+        if !self.names_itself() {
             return;
         }
         if let Some(name) = meta
@@ -65,10 +65,16 @@ impl Connection {
         }
     }
 
+    /// Whether the person names themselves: without authentication, or as
+    /// a guest of an invite link (with a token, the token names them).
+    fn names_itself(&self) -> bool {
+        self.app.auth.is_none() || self.principal.invite.is_some()
+    }
+
     /// `tandem/setName`: name this connection's person (without
     /// authentication); `{name}` as it will be shown.
     pub(super) fn set_name(&mut self, id: Option<Value>, p: SetNameParams) -> Result<(), RpcError> {
-        if self.app.auth.is_some() {
+        if !self.names_itself() {
             return Err(RpcError::new(
                 errors::PERMISSION_DENIED,
                 "on this server a person's name comes from their token (its `name` claim)",

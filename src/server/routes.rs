@@ -80,6 +80,13 @@ impl Connection {
             m::SET_NAME => self.set_name(id, decode_params(method, params)?),
             m::ACCESS => self.my_access(id, decode_params(method, params)?),
             m::SET_ACCESS => self.set_access(id, decode_params(method, params)?, ctx),
+            m::CREATE_INVITE => self.create_invite(id, decode_params(method, params)?, ctx),
+            m::REVOKE_INVITE => self.revoke_invite(id, decode_params(method, params)?, ctx),
+            m::LIST_INVITES => {
+                let p: ChannelParams = decode_params(method, params)?;
+                self.list_invites(id, p.channel)
+            }
+            m::AUDIT_LOG => self.audit_log(id, decode_params(method, params)?, ctx),
             other => Err(RpcError::method_not_found(other)),
         }
     }

@@ -48,6 +48,13 @@ pub async fn serve(
         Ok(admitted) => admitted,
         Err(refusal) => return respond(framed, refusal.response().into()).await,
     };
+    if let Some(guest) = &principal.invite {
+        // A guest's first arrival is a use of the link, stored before the
+        // socket opens (so a link's last use goes to one person only).
+        if let Err(refusal) = use_invite(&state, guest, &principal).await {
+            return respond(framed, refusal.response().into()).await;
+        }
+    }
     let res = match actix_http::ws::handshake(head) {
         Ok(mut res) => res.finish(),
         Err(e) => return respond(framed, e.into()).await,
@@ -112,9 +119,11 @@ fn admit(head: &RequestHead, state: &AppState) -> Result<(Principal, Slot), Refu
             e.to_string(),
         ));
     }
-    let principal = match &state.auth {
-        None => Principal::local(),
-        Some(auth) => match bearer_token(head)
+    let invite = query_param(head, "invite");
+    let principal = match (&state.auth, invite) {
+        (_, Some(code)) => invite_principal(head, state, &code)?,
+        (None, None) => Principal::local(),
+        (Some(auth), None) => match bearer_token(head)
             .ok_or(AuthError::Missing)
             .and_then(|t| auth.verify(&t))
         {
@@ -141,6 +150,88 @@ fn admit(head: &RequestHead, state: &AppState) -> Result<(Principal, Slot), Refu
             e.to_string(),
         )),
     }
+}
+
+/// The principal of a guest coming in through the invite link `code`
+/// (`guest=` names their device, `name=` may give their name).
+fn invite_principal(
+    head: &RequestHead,
+    state: &AppState,
+    code: &str,
+) -> Result<Principal, Refusal> {
+    use crate::invites::{guest_tag, parse_code, Closed, Guest};
+    let refused = |c: Closed| {
+        Refusal(
+            StatusCode::FORBIDDEN,
+            errors::PERMISSION_DENIED,
+            c.reason().to_owned(),
+        )
+    };
+    let (id, digest) = parse_code(code).ok_or(refused(Closed::Unknown))?;
+    let (session, invite) = state
+        .shared
+        .access
+        .invite(id)
+        .ok_or(refused(Closed::Unknown))?;
+    let device = query_param(head, "guest")
+        .filter(|g| (8..=128).contains(&g.len()))
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let tag = guest_tag(&device);
+    invite
+        .admits(&digest, &tag, crate::auth::now_secs())
+        .map_err(refused)?;
+    let guest = Guest {
+        id: id.to_owned(),
+        session,
+        digest,
+        tag,
+        access: invite.access,
+        name: query_param(head, "name").and_then(|n| crate::people::clean_name(&n)),
+    };
+    Ok(guest.principal())
+}
+
+/// Record a guest's arrival with their link's session (a guest coming back
+/// changes nothing).
+async fn use_invite(
+    state: &AppState,
+    guest: &crate::invites::Guest,
+    principal: &Principal,
+) -> Result<(), Refusal> {
+    let failed = |e: crate::protocol::RpcError| {
+        let status = if e.code == errors::PERMISSION_DENIED {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        Refusal(status, e.code, e.message)
+    };
+    let by = crate::people::Person {
+        name: guest.name.clone().unwrap_or_else(|| "guest".to_owned()),
+        subject: principal.subject.clone(),
+        client_id: guest.tag.clone(),
+        standing: Default::default(),
+    };
+    let op = crate::channels::session::InviteOp::Use {
+        id: guest.id.clone(),
+        digest: guest.digest.clone(),
+        guest: guest.tag.clone(),
+    };
+    let done = state
+        .shared
+        .registry
+        .get(&guest.session)
+        .and_then(|c| c.addr.invites(op, Some(by)))
+        .ok_or_else(|| failed(super::routes::no_session(&guest.session)))?;
+    done.await.map(drop).map_err(failed)
+}
+
+/// A query parameter of the upgrade, percent-decoded.
+fn query_param(head: &RequestHead, name: &str) -> Option<String> {
+    let query = head.uri.query()?;
+    url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
 }
 
 /// Why an upgrade is refused: the HTTP status, the JSON-RPC error code and

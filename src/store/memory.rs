@@ -9,7 +9,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{
-    Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, Record, Recovered,
+    AuditPage, Batch, BindCommit, ChannelInfo, Commit, Journal, JournalError, Record, Recovered,
     RecoveredChannel, SnapshotRecord, TurnPage,
 };
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
@@ -31,6 +31,8 @@ pub struct MemoryJournal {
     seq_floor: AtomicU64,
     /// Provider id → owning token subject.
     provider_owners: Mutex<BTreeMap<String, String>>,
+    /// Every audit entry, in order: `(session, entry)`.
+    audit: Mutex<Vec<(ChannelUri, Arc<str>)>>,
 }
 
 impl MemoryJournal {
@@ -80,6 +82,8 @@ impl Journal for MemoryJournal {
             if let Some(s) = batch.snapshot {
                 entry.snapshot = Some(s);
             }
+            let mut audit = self.audit.lock();
+            audit.extend(batch.audit.into_iter().map(|a| (a.session, a.entry)));
             Ok(())
         };
         Box::pin(std::future::ready(result))
@@ -108,6 +112,19 @@ impl Journal for MemoryJournal {
         Ok(s.turns
             .range(start..before)
             .map(|(_, t)| t.clone())
+            .collect())
+    }
+
+    fn audit_page(&self, session: &ChannelUri, after: u64, limit: u64) -> AuditPage {
+        // A cursor is the entry's place in the whole log, from 1.
+        let audit = self.audit.lock();
+        Ok(audit
+            .iter()
+            .enumerate()
+            .skip(after.min(audit.len() as u64) as usize)
+            .filter(|(_, (s, _))| s == session)
+            .take(limit as usize)
+            .map(|(i, (_, e))| (i as u64 + 1, e.clone()))
             .collect())
     }
 
@@ -212,6 +229,7 @@ mod tests {
                     state: "s".into(),
                 }),
                 origins: Vec::new(),
+                audit: Vec::new(),
             },
         )
         .await

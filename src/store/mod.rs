@@ -85,6 +85,21 @@ pub struct SnapshotRecord {
     pub state: Arc<str>,
 }
 
+/// One entry of a session's audit log: a person's act that mattered,
+/// serialized (see `crate::channels::audit`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditRecord {
+    /// The session the act was in.
+    pub session: ChannelUri,
+    /// The entry's JSON.
+    pub entry: Arc<str>,
+}
+
+/// A page of a session's audit log: `(cursor, entry)` pairs, oldest first.
+/// A cursor is the entry's place in the store's log (increasing, not
+/// dense); the next page starts after the last one.
+pub type AuditPage = Result<Vec<(u64, Arc<str>)>, JournalError>;
+
 /// What one `append` stores, atomically.
 #[derive(Debug, Default, Clone)]
 pub struct Batch {
@@ -100,6 +115,10 @@ pub struct Batch {
     /// journal carries them so other nodes echo the action to its
     /// dispatcher's client as the owner does.
     pub origins: Vec<Option<ahp_types::actions::ActionOrigin>>,
+    /// Audit entries of the acts in this batch, stored with it (SQLite: in
+    /// its transaction; JetStream: once the batch is, on the audit stream).
+    /// Kept when the channel is removed.
+    pub audit: Vec<AuditRecord>,
 }
 
 impl Batch {
@@ -260,6 +279,10 @@ pub trait Journal: Send + Sync + 'static {
     /// Up to `limit` stored turns of `chat` just before index `before`,
     /// oldest first.
     fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage;
+
+    /// Up to `limit` entries of `session`'s audit log after cursor `after`
+    /// (0: from the start), oldest first.
+    fn audit_page(&self, session: &ChannelUri, after: u64, limit: u64) -> AuditPage;
 
     /// Durably reserve a block of `count` `serverSeq` values for this node,
     /// starting at `next` if no other node took numbers since: a restart

@@ -17,6 +17,11 @@ pub const TOKEN_EXPIRED_CLOSE_CODE: u16 = 4401;
 /// The close reason sent with [`TOKEN_EXPIRED_CLOSE_CODE`].
 pub const TOKEN_EXPIRED_REASON: &str = "token expired: reconnect with a fresh token";
 
+/// The close code for a connection whose invite link ended: like
+/// [`TOKEN_EXPIRED_CLOSE_CODE`] but mirroring HTTP 403 — the link will not
+/// let it in again.
+pub const INVITE_ENDED_CLOSE_CODE: u16 = 4403;
+
 /// Whether a close code may be sent (1005, 1006, 1015 and unassigned ranges
 /// may not).
 fn sendable(code: u16) -> bool {
@@ -46,6 +51,9 @@ pub fn close_reason(cause: &CloseCause) -> CloseReason {
             CloseCode::Other(TOKEN_EXPIRED_CLOSE_CODE),
             TOKEN_EXPIRED_REASON.to_owned(),
         ),
+        CloseCause::InviteEnded(why) => {
+            (CloseCode::Other(INVITE_ENDED_CLOSE_CODE), (*why).to_owned())
+        }
     };
     let mut text = text;
     if text.len() > MAX_CLOSE_REASON {
@@ -73,6 +81,7 @@ pub(crate) fn cause_name(cause: &CloseCause) -> &'static str {
         CloseCause::ClientClosed(_) => "client",
         CloseCause::Shutdown => "shutdown",
         CloseCause::TokenExpired => "token_expired",
+        CloseCause::InviteEnded(_) => "invite_ended",
     }
 }
 

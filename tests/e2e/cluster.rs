@@ -381,6 +381,13 @@ async fn the_jetstream_journal_keeps_what_the_sqlite_journal_keeps() {
             // Who dispatched each record: kept, so a node reading the
             // channel again can still echo an action to its dispatcher.
             origins: vec![None, Some(bob.clone())],
+            // Audit entries go to the audit stream once the batch is stored.
+            audit: ["{\"a\":1}", "{\"a\":2}", "{\"a\":3}"]
+                .map(|e| tandem::store::AuditRecord {
+                    session: "ahp-session:/journal-test".into(),
+                    entry: e.into(),
+                })
+                .to_vec(),
         },
     )
     .await
@@ -426,6 +433,21 @@ async fn the_jetstream_journal_keeps_what_the_sqlite_journal_keeps() {
         page.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
         ["{\"turn\":2}", "{\"turn\":3}"]
     );
+    // The audit log reads back a page at a time, after the last cursor.
+    let j2 = j.clone();
+    let audit = tokio::task::spawn_blocking(move || {
+        let session = ChannelUri::from("ahp-session:/journal-test");
+        let first = j2.audit_page(&session, 0, 2)?;
+        let rest = j2.audit_page(&session, first.last().map_or(0, |(c, _)| *c), 2)?;
+        Ok::<_, JournalError>((first, rest))
+    })
+    .await
+    .expect("task")
+    .expect("audit pages");
+    let text =
+        |p: &[(u64, std::sync::Arc<str>)]| p.iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>();
+    assert_eq!(text(&audit.0), ["{\"a\":1}", "{\"a\":2}"]);
+    assert_eq!(text(&audit.1), ["{\"a\":3}"]);
     j.append(
         &chat,
         JournalPos::new(4),

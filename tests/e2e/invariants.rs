@@ -45,6 +45,14 @@ macro_rules! pass_through {
         fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
             self.inner.turns_before(chat, before, limit)
         }
+        fn audit_page(
+            &self,
+            session: &ChannelUri,
+            after: u64,
+            limit: u64,
+        ) -> tandem::store::AuditPage {
+            self.inner.audit_page(session, after, limit)
+        }
         fn bind_provider(&self, provider: &str, subject: &str) -> BindCommit {
             self.inner.bind_provider(provider, subject)
         }

@@ -13,9 +13,9 @@ use tandem::auth::{now_secs, Authenticator, Claims, Role};
 use tandem::people::Access;
 use tandem::Config;
 
-const SECRET: &[u8] = b"people-test-secret-0123456789abcdef!!";
+pub(crate) const SECRET: &[u8] = b"people-test-secret-0123456789abcdef!!";
 
-fn token(sub: &str, name: &str, access: Option<(&str, Access)>) -> String {
+pub(crate) fn token(sub: &str, name: &str, access: Option<(&str, Access)>) -> String {
     Authenticator::new(SECRET)
         .expect("key")
         .mint(&Claims {
@@ -34,19 +34,19 @@ async fn person(server: &TestServer, id: &str, token: &str) -> TestClient {
 }
 
 /// The reason the server refused our dispatch `seq` (panics if accepted).
-async fn refusal(c: &mut TestClient, m: &mut ChatMirror, seq: i64) -> String {
+pub(crate) async fn refusal(c: &mut TestClient, m: &mut ChatMirror, seq: i64) -> String {
     let echo = c.wait_echo(Some(m), seq).await;
     echo.rejection_reason
         .unwrap_or_else(|| panic!("{} was accepted: {:?}", c.id, echo.action))
 }
 
 /// Our dispatch `seq` was accepted.
-async fn accepted(c: &mut TestClient, m: &mut ChatMirror, seq: i64) {
+pub(crate) async fn accepted(c: &mut TestClient, m: &mut ChatMirror, seq: i64) {
     let echo = c.wait_echo(Some(m), seq).await;
     assert_eq!(echo.rejection_reason, None, "{}'s dispatch", c.id);
 }
 
-fn rpc_refusal(r: Result<Value, ClientError>) -> (i32, String) {
+pub(crate) fn rpc_refusal(r: Result<Value, ClientError>) -> (i32, String) {
     match r {
         Err(ClientError::Rpc(e)) => (e.code, e.message),
         other => panic!("expected a refusal, got {other:?}"),
@@ -54,7 +54,7 @@ fn rpc_refusal(r: Result<Value, ClientError>) -> (i32, String) {
 }
 
 /// The `tandem/act` notifications of `state`'s turns: (text, act).
-fn acts(state: &ChatState) -> Vec<(String, Value)> {
+pub(crate) fn acts(state: &ChatState) -> Vec<(String, Value)> {
     state
         .turns
         .iter()
@@ -77,7 +77,11 @@ fn acts(state: &ChatState) -> Vec<(String, Value)> {
 }
 
 /// A viewer's `chat/turnStarted` is refused naming the role it needs.
-async fn viewer_cannot_start_a_turn(vic: &mut TestClient, m: &mut ChatMirror, chat: &str) {
+pub(crate) async fn viewer_cannot_start_a_turn(
+    vic: &mut TestClient,
+    m: &mut ChatMirror,
+    chat: &str,
+) {
     let seq = vic.dispatch(chat, turn_started("vic-turn", "hello")).await;
     let why = refusal(vic, m, seq).await;
     assert!(
@@ -95,25 +99,25 @@ async fn viewer_cannot_type(vic: &TestClient, chat: &str) {
     assert!(why.contains("participant role"), "{why}");
 }
 
-fn answer(rid: &str, state: &str, text: &str) -> StateAction {
+pub(crate) fn answer(rid: &str, state: &str, text: &str) -> StateAction {
     action(
         json!({"type": "chat/inputAnswerChanged", "requestId": rid, "questionId": "q",
         "answer": {"state": state, "value": {"kind": "text", "value": text}}}),
     )
 }
 
-fn completed(rid: &str) -> StateAction {
+pub(crate) fn completed(rid: &str) -> StateAction {
     action(json!({"type": "chat/inputCompleted", "requestId": rid, "response": "accept"}))
 }
 
-fn approve(turn: &str, call: &str) -> StateAction {
+pub(crate) fn approve(turn: &str, call: &str) -> StateAction {
     action(
         json!({"type": "chat/toolCallConfirmed", "turnId": turn, "toolCallId": call, "approved": true}),
     )
 }
 
 /// The open tool call of the active turn.
-fn open_call(state: &ChatState) -> Option<(String, String)> {
+pub(crate) fn open_call(state: &ChatState) -> Option<(String, String)> {
     let t = state.active_turn.as_ref()?;
     t.response_parts.iter().find_map(|p| match p {
         ResponsePart::ToolCall(c) => {
@@ -129,7 +133,7 @@ fn open_call(state: &ChatState) -> Option<(String, String)> {
     })
 }
 
-const ASK: &str =
+pub(crate) const ASK: &str =
     r#"/ask {"questions":[{"kind":"text","id":"q","message":"Name?","required":true}]}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,7 +33,7 @@ fn token(sub: &str, exp: u64) -> String {
 
 /// Upgrade `url` with extra headers: the HTTP status (101 when accepted)
 /// and, when refused, the JSON body.
-async fn upgrade(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+pub(crate) async fn upgrade(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
     let mut req = url.into_client_request().expect("request");
     for (name, value) in headers {
         let name = tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(name.as_bytes())

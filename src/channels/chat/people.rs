@@ -18,6 +18,7 @@ use ahp_types::state::{
 use serde_json::{json, Map, Value};
 
 use super::{tool_name_of, ChatActor};
+use crate::channels::audit::{self, AuditKind};
 use crate::channels::commit::{Acts, ChannelActor};
 use crate::channels::validate::Rejection;
 use crate::people::{Person, ACT_META, AUTHOR_META};
@@ -106,10 +107,13 @@ impl ChatActor {
             );
             self.reduce(&before)?;
             acts.before.push(before);
+            let fields = json!({"turnId": a.turn_id});
+            self.audit(AuditKind::TurnCancelled, by, fields);
         }
         if let Err(e) = self.reduce(action) {
             if !acts.before.is_empty() {
                 self.drop_last_part();
+                self.core.audit.pop();
             }
             return Err(e);
         }
@@ -123,7 +127,14 @@ impl ChatActor {
         Ok(acts)
     }
 
-    /// The notification that follows a person's answer or decision.
+    /// Put `by`'s act on the session's audit log, stored with this batch.
+    fn audit(&mut self, kind: AuditKind, by: &Person, fields: Value) {
+        let e = audit::entry(kind, by, &self.session, Some(&self.core.uri), fields);
+        self.core.audit.push(e);
+    }
+
+    /// The notification that follows a person's answer or decision (and
+    /// its audit entry).
     fn notice_after(&mut self, action: &StateAction, by: &Person) -> Option<StateAction> {
         let turn = self.state.active_turn.as_ref()?.id.clone();
         match action {
@@ -137,6 +148,12 @@ impl ChatActor {
                     ChatInputResponseKind::Decline => ("declined the request", "decline"),
                     ChatInputResponseKind::Cancel => ("cancelled the request", "cancel"),
                 };
+                let fields = json!({
+                    "requestId": a.request_id,
+                    "response": response,
+                    "answeredBy": authors,
+                });
+                self.audit(AuditKind::Answered, by, fields);
                 Some(notice(
                     &turn,
                     format!("{} {verb}", by.name),
@@ -163,6 +180,18 @@ impl ChatActor {
                     (false, _, _) => format!("{} denied `{tool}`", by.name),
                 };
                 self.deciders.insert(a.tool_call_id.clone(), by.clone());
+                let kind = match (a.approved, a.selected_option_id.as_deref()) {
+                    (true, Some("approve-session")) => AuditKind::Granted,
+                    (true, _) => AuditKind::Approved,
+                    (false, _) => AuditKind::Denied,
+                };
+                let input = super::find_tool(&self.state, &a.tool_call_id).and_then(|p| match p {
+                    ResponsePart::ToolCall(tc) => audit::input_digest(&tc.tool_call),
+                    _ => None,
+                });
+                let mut fields = audit::decision(&tool, input, reason.as_deref());
+                fields["toolCallId"] = a.tool_call_id.clone().into();
+                self.audit(kind, by, fields);
                 Some(notice(
                     &turn,
                     text,

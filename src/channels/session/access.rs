@@ -8,6 +8,7 @@ use ahp_types::actions::{SessionMetaChangedAction, StateAction};
 use serde_json::{json, Value};
 
 use super::SessionActor;
+use crate::channels::audit::{self, AuditKind};
 use crate::channels::commit::ChannelActor;
 use crate::channels::forward::{ForwardReply, ForwardRequest};
 use crate::people::{Access, AccessTable, Person, ACCESS_META};
@@ -80,6 +81,11 @@ impl Handler<SetAccess> for SessionActor {
         let mut meta = self.state.meta.clone().unwrap_or_default();
         meta.insert(ACCESS_META.into(), table.to_json());
         let action = StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) });
+        if let Some(by) = &msg.by {
+            let fields = json!({"subject": subject, "access": msg.access, "before": before});
+            let e = audit::entry(AuditKind::RoleChanged, by, &self.core.uri, None, fields);
+            self.core.audit.push(e);
+        }
         let stored = self.host_actions_stored(ctx, vec![action]);
         Box::pin(async move {
             stored

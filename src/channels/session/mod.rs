@@ -5,6 +5,7 @@ mod access;
 mod approval;
 mod chats;
 mod follow;
+mod invites;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -17,6 +18,7 @@ pub use chats::{
     ChatSummaryChanged, CreateChat, DisposeSession, ListPending, RemoveChat, RollupChanged,
 };
 pub use follow::{AdoptChat, ForgetChat};
+pub use invites::{InviteOp, Invites};
 pub use state::{new_session_state, summary_of};
 
 use std::sync::Arc;
@@ -113,8 +115,14 @@ impl SessionActor {
 
     /// Put the session's access table where its chats read it.
     fn note_access(&self) {
-        let table = crate::people::AccessTable::of_meta(self.state.meta.as_ref());
+        let meta = self.state.meta.as_ref();
+        let table = crate::people::AccessTable::of_meta(meta);
         self.core.shared.access.set(&self.core.uri, table);
+        let invites = crate::invites::InviteTable::of_meta(meta);
+        self.core
+            .shared
+            .access
+            .set_invites(&self.core.uri, &invites);
     }
 
     /// The channel's subscriber hub.
@@ -339,6 +347,14 @@ impl Handler<ClientDispatch> for SessionActor {
                 if act.reduce(&note).is_ok() {
                     acts.after.push(note);
                 }
+                let entry = crate::channels::audit::entry(
+                    crate::channels::audit::AuditKind::ConfigChanged,
+                    by,
+                    &act.core.uri,
+                    None,
+                    serde_json::json!({ "config": a.config }),
+                );
+                act.core.audit.push(entry);
             }
             Ok(acts)
         });

@@ -46,6 +46,25 @@ pub enum Command {
     /// Work with config files.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Read what the store keeps of people's acts.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+}
+
+/// `tandem audit …`.
+#[derive(Subcommand)]
+pub enum AuditCommand {
+    /// Print a session's audit log as JSON lines, oldest first, from the
+    /// store the server's flags name (`--data-dir`, or `--cluster` with
+    /// `--node-id`; `--config` works too). Safe while the server runs.
+    Export {
+        /// The session's URI (`ahp-session:/…`).
+        #[arg(long = "session", id = "audit_session", value_name = "URI")]
+        session: String,
+        /// Where the store is, as for `tandem serve`.
+        #[command(flatten)]
+        serve: Box<ServeArgs>,
+    },
 }
 
 /// `tandem config …`.
@@ -318,6 +337,13 @@ pub enum Invocation {
     Serve(Box<Serve>),
     /// Mint a token.
     Token(TokenArgs),
+    /// Print a session's audit log from the store `serve` names.
+    AuditExport {
+        /// The session.
+        session: String,
+        /// Where the store is.
+        serve: Box<Serve>,
+    },
     /// Check a config file: what the server would run with it.
     CheckConfig {
         /// The file.
@@ -374,7 +400,13 @@ pub fn parse_from(argv: Vec<OsString>, built_in: &[&str]) -> Result<Invocation, 
         .ignore_errors(true)
         .try_get_matches_from(argv.clone())?;
     let serving = !matches!(loose.subcommand_name(), Some("token" | "config"));
-    let given = loose.subcommand_matches("serve").unwrap_or(&loose);
+    let given = loose
+        .subcommand_matches("serve")
+        .or_else(|| {
+            let audit = loose.subcommand_matches("audit")?;
+            audit.subcommand_matches("export")
+        })
+        .unwrap_or(&loose);
     let file = match given.get_one::<PathBuf>("config").filter(|_| serving) {
         Some(path) => Some(read_file(path, given)?),
         None => None,
@@ -397,6 +429,9 @@ pub fn parse_from(argv: Vec<OsString>, built_in: &[&str]) -> Result<Invocation, 
             }
         }
         Some(Command::Serve(args)) => args.into_serve(tables, built_in).map(Invocation::Serve),
+        Some(Command::Audit(AuditCommand::Export { session, serve })) => serve
+            .into_serve(tables, built_in)
+            .map(|serve| Invocation::AuditExport { session, serve }),
         None => cli
             .serve
             .into_serve(tables, built_in)

@@ -131,6 +131,13 @@ impl Inner {
         // The batch is stored (and holds its turns); the turn pages and the
         // snapshot follow. A turn that could not be written leaves the
         // snapshot where it was, so the next start writes it again.
+        let audit: Vec<_> = group
+            .iter()
+            .flat_map(|p| p.batch.audit.iter().cloned())
+            .collect();
+        if !audit.is_empty() {
+            self.nats.put_audit(&audit).await;
+        }
         let key = token(uri);
         if let Some(from) = truncate {
             self.nats.delete_turns(&key, from, turns_before).await;

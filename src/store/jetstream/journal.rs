@@ -14,8 +14,8 @@ use super::{
 };
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::store::{
-    Batch, BindCommit, ChannelInfo, ClusterLink, Commit, Journal, JournalError, Recovered,
-    RecoveredChannel, TurnPage,
+    AuditPage, Batch, BindCommit, ChannelInfo, ClusterLink, Commit, Journal, JournalError,
+    Recovered, RecoveredChannel, TurnPage,
 };
 
 impl Journal for JetStreamJournal {
@@ -116,6 +116,12 @@ impl Journal for JetStreamJournal {
 
     fn len(&self, channel: &ChannelUri) -> JournalPos {
         JournalPos::new(self.inner.chans.lock().get(channel).map_or(0, |c| c.len))
+    }
+
+    fn audit_page(&self, session: &ChannelUri, after: u64, limit: u64) -> AuditPage {
+        let inner = self.inner.clone();
+        let session = session.clone();
+        self.block(async move { inner.nats.audit_page(&session, after, limit).await })
     }
 
     fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {

@@ -8,6 +8,7 @@
 //! | name | kind | holds |
 //! |---|---|---|
 //! | `TANDEM_JOURNAL` | stream, file storage, kept until a channel is disposed | one message per appended batch on `tandem.journal.<channel>` (its actions, the turns that ended in it, a truncation), and fence messages |
+//! | `TANDEM_AUDIT` | stream, file storage, kept | each session's audit log on `tandem.audit.<session>`: one message per entry, published once its batch is stored |
 //! | `tandem_channels` | key-value bucket | each channel's record (`ChannelInfo`), in creation order (revision) |
 //! | `tandem_snapshots` | key-value bucket | each channel's latest snapshot and where its tail starts in the stream |
 //! | `tandem_turns` | key-value bucket | ended turns by `<chat>.<index>`, for `fetchTurns` |
@@ -68,6 +69,10 @@ use crate::ids::ChannelUri;
 pub const STREAM: &str = "TANDEM_JOURNAL";
 /// Subject prefix of the stream: `tandem.journal.<channel>`.
 pub const SUBJECT_PREFIX: &str = "tandem.journal";
+/// The stream of every session's audit log.
+pub const AUDIT_STREAM: &str = "TANDEM_AUDIT";
+/// Subject prefix of the audit stream: `tandem.audit.<session>`.
+pub const AUDIT_PREFIX: &str = "tandem.audit";
 /// Channel records.
 pub const CHANNELS: &str = "tandem_channels";
 /// Latest snapshot per channel.
@@ -143,6 +148,10 @@ pub fn token(uri: &str) -> String {
 
 fn subject(uri: &str) -> String {
     format!("{SUBJECT_PREFIX}.{}", token(uri))
+}
+
+fn audit_subject(session: &str) -> String {
+    format!("{AUDIT_PREFIX}.{}", token(session))
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> JournalError {

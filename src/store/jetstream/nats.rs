@@ -12,8 +12,9 @@ use futures_util::StreamExt;
 
 use super::wire::{BatchMsg, ChannelMsg, OwnerMsg, SnapshotMsg};
 use super::{
-    lease, subject, token, unavailable, Chan, CHANNELS, FENCE_HEADER, NODES, NODE_HEADER,
-    POS_HEADER, PROVIDERS, SNAPSHOTS, STREAM, SUBJECT_PREFIX, TURNS,
+    audit_subject, lease, subject, token, unavailable, Chan, AUDIT_PREFIX, AUDIT_STREAM, CHANNELS,
+    FENCE_HEADER, NODES, NODE_HEADER, POS_HEADER, PROVIDERS, SNAPSHOTS, STREAM, SUBJECT_PREFIX,
+    TURNS,
 };
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::store::{
@@ -25,6 +26,8 @@ use crate::store::{
 pub(super) struct Nats {
     pub(super) js: jetstream::Context,
     pub(super) stream: stream::Stream,
+    /// The audit log's stream ([`AUDIT_STREAM`]).
+    pub(super) audit: stream::Stream,
     pub(super) channels: kv::Store,
     pub(super) snapshots: kv::Store,
     pub(super) turns: kv::Store,
@@ -117,6 +120,16 @@ impl Nats {
             })
             .await
             .map_err(|e| unavailable("create the journal stream (is JetStream enabled?)", e))?;
+        let audit = js
+            .get_or_create_stream(stream::Config {
+                name: AUDIT_STREAM.into(),
+                subjects: vec![format!("{AUDIT_PREFIX}.>")],
+                storage: stream::StorageType::File,
+                allow_direct: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable("create the audit stream", e))?;
         let bucket = |name: &'static str, max_age: Duration| {
             let js = js.clone();
             async move {
@@ -152,6 +165,7 @@ impl Nats {
             leases: bucket(lease::LEASES, lease).await?,
             js,
             stream,
+            audit,
             reconnected,
         })
     }
@@ -224,18 +238,61 @@ impl Nats {
         subject: &str,
         seq: u64,
     ) -> Result<Option<async_nats::jetstream::message::StreamMessage>, JournalError> {
-        let got = self
-            .stream
-            .raw_message_builder()
-            .sequence(seq)
-            .next_by_subject(subject.to_owned())
-            .send()
-            .await;
-        match got {
-            Ok(m) => Ok(Some(m)),
-            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(unavailable("read the journal", e)),
+        next_in(&self.stream, subject, seq).await
+    }
+
+    /// Append `entries` to their sessions' audit logs, each retried a few
+    /// times: the batch they belong to is stored already.
+    pub(super) async fn put_audit(&self, entries: &[crate::store::AuditRecord]) {
+        for a in entries {
+            let subject = audit_subject(&a.session);
+            let mut tries = 0;
+            loop {
+                let sent = async {
+                    self.js
+                        .publish(subject.clone(), Bytes::from(a.entry.as_bytes().to_vec()))
+                        .await?
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string().into())
+                };
+                let res: Result<(), Box<dyn std::error::Error + Send + Sync>> = sent.await;
+                match res {
+                    Ok(()) => break,
+                    Err(e) if tries >= 3 => {
+                        tracing::error!(session = %a.session, error = %e, entry = %a.entry, "audit entry not stored");
+                        break;
+                    }
+                    Err(_) => {
+                        tries += 1;
+                        tokio::time::sleep(Duration::from_millis(100 << tries)).await;
+                    }
+                }
+            }
         }
+    }
+
+    /// Up to `limit` entries of `session`'s audit log after stream sequence
+    /// `after`.
+    pub(super) async fn audit_page(
+        &self,
+        session: &str,
+        after: u64,
+        limit: u64,
+    ) -> crate::store::AuditPage {
+        let subject = audit_subject(session);
+        let mut page = Vec::new();
+        let mut seq = after.saturating_add(1);
+        while (page.len() as u64) < limit {
+            let Some(msg) = next_in(&self.audit, &subject, seq).await? else {
+                break;
+            };
+            seq = msg.sequence + 1;
+            let text = std::str::from_utf8(&msg.payload)
+                .map_err(|e| unavailable("read the audit log", e))?;
+            page.push((msg.sequence, Arc::from(text)));
+        }
+        Ok(page)
     }
 
     /// The nodes that wrote `uri`'s messages after stream sequence `after`
@@ -414,6 +471,25 @@ impl Nats {
             },
             chans,
         ))
+    }
+}
+
+/// The first message on `subject` in `stream` from sequence `seq` on.
+async fn next_in(
+    stream: &stream::Stream,
+    subject: &str,
+    seq: u64,
+) -> Result<Option<async_nats::jetstream::message::StreamMessage>, JournalError> {
+    let got = stream
+        .raw_message_builder()
+        .sequence(seq)
+        .next_by_subject(subject.to_owned())
+        .send()
+        .await;
+    match got {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(unavailable("read the journal", e)),
     }
 }
 

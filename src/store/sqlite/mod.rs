@@ -29,8 +29,8 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::{
-    Batch, BindCommit, ChannelInfo, Commit, CommitMetrics, CommitStats, Journal, JournalError,
-    Recovered, RecoveredChannel, TurnPage,
+    AuditPage, Batch, BindCommit, ChannelInfo, Commit, CommitMetrics, CommitStats, Journal,
+    JournalError, Recovered, RecoveredChannel, TurnPage,
 };
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use writer::{Op, Writer};
@@ -73,6 +73,21 @@ impl SqliteJournal {
     /// database.
     pub fn open(dir: &Path, durability: Durability) -> Result<Self, JournalError> {
         Self::open_with_window(dir, durability, DEFAULT_COMMIT_WINDOW)
+    }
+
+    /// Up to `limit` entries of `session`'s audit log after `after`, read
+    /// from the store in `dir` without opening it for writes (the server
+    /// may be running on it).
+    pub fn read_audit(dir: &Path, session: &str, after: u64, limit: u64) -> AuditPage {
+        let path = dir.join("tandem.db");
+        if !path.exists() {
+            return Err(unavailable(format!("no store at {}", path.display())));
+        }
+        let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| unavailable(format!("cannot open {}: {e}", path.display())))?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(unavailable)?;
+        recovery::audit_page(&conn, session, after, limit)
     }
 
     /// [`Self::open`] with a commit window of `window` (zero: every group
@@ -206,6 +221,10 @@ impl Journal for SqliteJournal {
 
     fn turns_before(&self, chat: &ChannelUri, before: u64, limit: u64) -> TurnPage {
         recovery::turns_before(&self.reader.lock(), chat, before, limit)
+    }
+
+    fn audit_page(&self, session: &ChannelUri, after: u64, limit: u64) -> AuditPage {
+        recovery::audit_page(&self.reader.lock(), session, after, limit)
     }
 
     fn reserve_seq(&self, next: ServerSeq, count: u64) -> Result<ServerSeq, JournalError> {

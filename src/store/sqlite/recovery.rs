@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::unavailable;
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 use crate::store::{
-    ChannelInfo, ChannelKind, JournalError, Record, Recovered, RecoveredChannel, SnapshotRecord,
-    TurnPage,
+    AuditPage, ChannelInfo, ChannelKind, JournalError, Record, Recovered, RecoveredChannel,
+    SnapshotRecord, TurnPage,
 };
 
 /// A channel's length (records ever appended to it) as an SQL expression
@@ -126,6 +126,27 @@ pub(super) fn turns_before(conn: &Connection, chat: &str, before: u64, limit: u6
         })
         .map_err(unavailable)?;
     rows.map(|r| r.map(Arc::from).map_err(unavailable))
+        .collect()
+}
+
+/// Up to `limit` audit entries of `session` after `after`, oldest first.
+pub(super) fn audit_page(conn: &Connection, session: &str, after: u64, limit: u64) -> AuditPage {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, entry FROM audit WHERE session = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )
+        .map_err(unavailable)?;
+    let rows = stmt
+        .query_map(
+            params![
+                session,
+                after.min(i64::MAX as u64) as i64,
+                limit.min(i64::MAX as u64) as i64
+            ],
+            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)),
+        )
+        .map_err(unavailable)?;
+    rows.map(|r| r.map(|(seq, e)| (seq, Arc::from(e))).map_err(unavailable))
         .collect()
 }
 

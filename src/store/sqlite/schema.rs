@@ -23,6 +23,10 @@ CREATE TABLE IF NOT EXISTS turns (
     chat TEXT NOT NULL, idx INTEGER NOT NULL, turn TEXT NOT NULL,
     PRIMARY KEY (chat, idx)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL, entry TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_by_session ON audit (session, seq);
 ";
 
 /// Bring a store written by an earlier version up to the current schema.

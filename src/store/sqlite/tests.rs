@@ -45,6 +45,7 @@ async fn appends_survive_reopen_with_snapshot_compaction() {
                     state: "S".into(),
                 }),
                 origins: Vec::new(),
+                audit: Vec::new(),
             },
         )
         .await
@@ -150,6 +151,7 @@ fn full_batch(records: &[&str], turn_index: u64) -> Batch {
             state: "refused snapshot".into(),
         }),
         origins: Vec::new(),
+        audit: Vec::new(),
     }
 }
 
@@ -390,6 +392,7 @@ fn a_channels_length_is_what_its_stored_actions_and_snapshot_say() {
                 state: "S".into(),
             }),
             origins: Vec::new(),
+            audit: Vec::new(),
         };
         let op = Op::Append {
             channel: "ahp-chat:/a".into(),
@@ -576,4 +579,63 @@ fn a_waiting_group_waits_as_long_as_a_few_writes_take_at_most_the_window() {
     let mut quiet = writer::Gather::new(window);
     let at = stream(&mut quiet, start, 50, Duration::from_millis(20), many);
     assert_eq!(quiet.wait(&held("ahp-chat:/new"), at), None);
+}
+
+/// A batch of one record carrying `entries` for session `s`.
+fn audited(record: &str, entries: &[&str]) -> Batch {
+    Batch {
+        audit: entries
+            .iter()
+            .map(|e| crate::store::AuditRecord {
+                session: "ahp-session:/s".into(),
+                entry: (*e).into(),
+            })
+            .collect(),
+        ..Batch::of(vec![record.into()])
+    }
+}
+
+#[tokio::test]
+async fn the_audit_log_is_stored_with_its_batch_paged_and_kept_after_removal() {
+    let dir = tempdir();
+    let chat: ChannelUri = "ahp-chat:/a".into();
+    let session: ChannelUri = "ahp-session:/s".into();
+    {
+        let j = SqliteJournal::open(&dir, Durability::Full).expect("open");
+        j.create_channel(ChannelInfo::test_chat("ahp-chat:/a"))
+            .await
+            .expect("create");
+        j.append(
+            &chat,
+            JournalPos::new(0),
+            audited("1", &["{\"n\":1}", "{\"n\":2}"]),
+        )
+        .await
+        .expect("append");
+        // A refused append stores none of its entries.
+        let refused = j
+            .append(&chat, JournalPos::new(0), audited("x", &["{\"n\":99}"]))
+            .await;
+        assert!(refused.is_err());
+        j.append(&chat, JournalPos::new(1), audited("2", &["{\"n\":3}"]))
+            .await
+            .expect("append");
+        j.remove(&chat);
+        j.sync().expect("sync");
+    }
+    let j = SqliteJournal::open(&dir, Durability::Full).expect("reopen");
+    let first = j.audit_page(&session, 0, 2).expect("page");
+    let texts: Vec<&str> = first.iter().map(|(_, e)| &**e).collect();
+    assert_eq!(texts, ["{\"n\":1}", "{\"n\":2}"]);
+    let rest = j.audit_page(&session, first[1].0, 2).expect("page");
+    assert_eq!(rest.len(), 1);
+    assert_eq!(&*rest[0].1, "{\"n\":3}");
+    assert!(j
+        .audit_page(&"ahp-session:/other".into(), 0, 10)
+        .expect("page")
+        .is_empty());
+    // The read-only reader `tandem audit export` uses sees the same.
+    let read = SqliteJournal::read_audit(&dir, "ahp-session:/s", 0, 10).expect("read");
+    assert_eq!(read, [first, rest].concat());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -553,6 +553,12 @@ fn write_batch(
             insert.execute(params![channel, t.index as i64, &*t.json])?;
         }
     }
+    if !batch.audit.is_empty() {
+        let mut insert = tx.prepare_cached("INSERT INTO audit (session, entry) VALUES (?1, ?2)")?;
+        for a in &batch.audit {
+            insert.execute(params![a.session.as_str(), &*a.entry])?;
+        }
+    }
     if let Some(s) = &batch.snapshot {
         tx.prepare_cached(
             "INSERT OR REPLACE INTO snapshots (channel, at_seq, state) VALUES (?1, ?2, ?3)",

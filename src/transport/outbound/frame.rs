@@ -29,6 +29,9 @@ pub enum CloseCause {
     Shutdown,
     /// The connection's token expired while it was open.
     TokenExpired,
+    /// The invite link the connection came in through was revoked or
+    /// expired (the reason says which).
+    InviteEnded(&'static str),
 }
 
 /// One queued frame.
