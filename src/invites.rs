@@ -4,8 +4,8 @@
 //! A link carries a code `<id>.<secret>`; the session keeps only the
 //! secret's digest, in its `_meta["tandem/invites"]` ([`INVITES_META`]) —
 //! journaled like the rest of its state, so every node and every restart
-//! honours the same links. Whoever opens `/ahp?invite=<code>` (the web
-//! client's `/?invite=<code>` does) is let into that session alone, as a
+//! honours the same links. Whoever opens `/ahp?invite=<code>` is let
+//! into that session alone, as a
 //! guest with the link's role and a name of their choosing; their subject
 //! is `invite:<id>/<guest>`, where `<guest>` stands for the device the
 //! page keeps (`guest=` on the upgrade), so a reload is the same person and

@@ -42,9 +42,8 @@ pub(super) struct RevokeInviteParams {
 }
 
 impl Connection {
-    /// `tandem/createInvite`: the new link's listing with its `code` and the
-    /// web client's `path` to it (`/?invite=<code>`) — the only time the
-    /// code is shown.
+    /// `tandem/createInvite`: the new link's listing with its `code` — the
+    /// only time the code is shown.
     pub(super) fn create_invite(
         &mut self,
         id: Option<Value>,
@@ -72,7 +71,6 @@ impl Connection {
         let unauthenticated = self.app.auth.is_none();
         self.reply_when(id, done, ctx, move |mut v| {
             v["code"] = code.clone().into();
-            v["path"] = format!("/?invite={code}").into();
             if unauthenticated {
                 v["note"] = UNAUTHENTICATED_NOTE.into();
             }
