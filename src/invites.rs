@@ -190,7 +190,7 @@ pub fn guest_tag(device: &str) -> String {
 
 /// `sha256:<hex>` of `s`.
 fn digest(s: &str) -> String {
-    crate::channels::audit::digest(s.as_bytes())
+    crate::digest::sha256(s.as_bytes())
 }
 
 fn constant_eq(a: &[u8], b: &[u8]) -> bool {
@@ -219,37 +219,6 @@ pub struct Guest {
     pub access: Access,
     /// The name they gave on the upgrade (`name=`), if any.
     pub name: Option<String>,
-}
-
-impl Guest {
-    /// A guest of link `id` (in `session`) with the code's `digest` and the
-    /// device key their page keeps (a fresh one when it keeps none), as the
-    /// principal their connection speaks for.
-    pub fn principal(self) -> crate::auth::Principal {
-        let session = self.session.to_string();
-        crate::auth::Principal {
-            subject: guest_subject(&self.id, &self.tag),
-            role: crate::auth::Role::Client,
-            sessions: Some(std::sync::Arc::new([session.clone()].into())),
-            expires_at_secs: None,
-            name: None,
-            access: std::sync::Arc::new([(session, self.access)].into()),
-            invite: Some(std::sync::Arc::new(self)),
-        }
-    }
-
-    /// Whether the link still lets this guest in at `now`: `Err` with why
-    /// not, as this node knows the link.
-    pub fn still_open(
-        &self,
-        book: &crate::channels::access::AccessBook,
-        now: u64,
-    ) -> Result<(), Closed> {
-        match book.invite(&self.id) {
-            Some((s, invite)) if s == self.session => invite.ended(now).map_or(Ok(()), Err),
-            _ => Err(Closed::Unknown),
-        }
-    }
 }
 
 /// A guest subject: `invite:<id>/<tag>`.

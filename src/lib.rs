@@ -15,6 +15,10 @@
 //! | [`providers`] | agents behind the host (implementing `channels::agent`): provider connections, the built-in `scripted` agent, operator-declared ACP agents (`providers::acp`: the process, the update mapping, permissions) |
 //! | [`server`] | actix-web app: admission and the upgrade, one connection actor per socket with one handler per method, `/healthz`, `/readyz`, `/metrics`, `/admin/overview`, the embedded browser client (`web/`) at `/`; the server's own tables (tokens, open connections, rate buckets); a cluster node's part in the cluster (`server::cluster`) |
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
+//! | [`people`] | a person's name and role in a session (viewer, participant, approver, owner), the `_meta` keys that keep who did what |
+//! | [`invites`] | a session's invite links: codes, their digests, expiry, uses, revocation; who came in through one |
+//! | [`memory`] | what the allocator holds; shrinking sparse tables and handing freed memory back |
+//! | `digest` | `sha256:<hex>` of a secret or payload the record names without holding |
 //! | [`metrics`] | what `/metrics` exports: every series registered once on the server's own recorder, counted through handles |
 //! | [`config`] | tunables and limits; the command line and the config file (`config::cli`: every flag a key, flags over the file) |
 //! | [`rate`] | token buckets: dispatches per connection, bytes of actions per subject |
@@ -27,13 +31,16 @@
 //! nothing of the crate:
 //!
 //! ```text
-//! server    ──► providers, channels, metrics, coedit, interactions, publish, transport, store, protocol, auth, rate, config
-//! providers ──► channels, interactions, publish, transport, store, protocol, auth, config, time
-//! channels  ──► metrics, coedit, interactions, publish, transport, store, protocol, auth, config, time
-//! metrics   ──► transport, store
-//! publish   ──► transport
-//! rate      ──► config ──► store, auth, transport
-//! interactions, transport, store, protocol, auth, time, coedit: nothing above them
+//! server       ──► providers, channels, metrics, coedit, interactions, invites, people, publish, transport, store, protocol, auth, rate, config
+//! providers    ──► channels, interactions, publish, transport, store, protocol, auth, config, time
+//! channels     ──► metrics, coedit, interactions, invites, people, publish, transport, store, protocol, auth, config, time, digest
+//! metrics      ──► transport, store
+//! publish      ──► transport, store
+//! rate         ──► config ──► store, auth, people, transport
+//! auth         ──► invites ──► people, digest
+//! interactions ──► people, time
+//! transport, store, protocol, time, coedit, people, digest: nothing above them
+//! memory: helpers any module may call (it calls none)
 //! ids: nothing (the bottom layer)
 //! ```
 //!
@@ -56,6 +63,7 @@ pub mod auth;
 pub mod channels;
 pub mod coedit;
 pub mod config;
+pub(crate) mod digest;
 pub mod ids;
 pub mod interactions;
 pub mod invites;

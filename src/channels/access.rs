@@ -14,7 +14,7 @@ use ahp_types::actions::StateAction;
 
 use super::validate::{action_type, Rejection};
 use crate::ids::ChannelUri;
-use crate::invites::{Invite, InviteTable};
+use crate::invites::{Closed, Guest, Invite, InviteTable};
 use crate::people::{needed_for, Access, AccessTable, Person};
 
 /// The access tables of the sessions on this node, and their invite
@@ -65,6 +65,15 @@ impl AccessBook {
     pub fn invite(&self, id: &str) -> Option<(ChannelUri, Invite)> {
         let i = self.invites.read().unwrap_or_else(|e| e.into_inner());
         i.get(id).cloned()
+    }
+
+    /// Whether `guest`'s link still lets them in at `now`: `Err` with why
+    /// not, as this node knows the link.
+    pub fn guest_still_open(&self, guest: &Guest, now: u64) -> Result<(), Closed> {
+        match self.invite(&guest.id) {
+            Some((s, invite)) if s == guest.session => invite.ended(now).map_or(Ok(()), Err),
+            _ => Err(Closed::Unknown),
+        }
     }
 
     /// `session`'s links, by id.

@@ -11,8 +11,8 @@
 //! export`). They name people (`{name, subject, clientId}`), never a token.
 
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 
+use crate::digest::sha256;
 use crate::ids::ChannelUri;
 use crate::people::Person;
 use crate::store::AuditRecord;
@@ -87,27 +87,14 @@ pub fn entry(
     }
 }
 
-/// `"sha256:<hex>"` of `bytes`: how an entry names a tool call's input
-/// without holding it.
-pub fn digest(bytes: &[u8]) -> String {
-    let hash = Sha256::digest(bytes);
-    let mut s = String::with_capacity(7 + 64);
-    s.push_str("sha256:");
-    for b in hash {
-        use std::fmt::Write;
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
 /// The digest of a tool call's `toolInput` (its text when inline, the
 /// reference's JSON when it is a content reference), if it has one.
 pub fn input_digest(tool_call: &impl serde::Serialize) -> Option<String> {
     let v = serde_json::to_value(tool_call).ok()?;
     match v.get("toolInput")? {
-        Value::String(s) => Some(digest(s.as_bytes())),
+        Value::String(s) => Some(sha256(s.as_bytes())),
         Value::Null => None,
-        other => Some(digest(other.to_string().as_bytes())),
+        other => Some(sha256(other.to_string().as_bytes())),
     }
 }
 
@@ -136,7 +123,7 @@ mod tests {
             &ann(),
             &"ahp-session:/s".into(),
             Some(&"ahp-chat:/c".into()),
-            decision("deploy", Some(digest(b"{}")), Some("not today")),
+            decision("deploy", Some(sha256(b"{}")), Some("not today")),
         );
         assert_eq!(r.session.as_str(), "ahp-session:/s");
         let v: Value = serde_json::from_str(&r.entry).unwrap();
@@ -156,13 +143,5 @@ mod tests {
         );
         let v: Value = serde_json::from_str(&r.entry).unwrap();
         assert!(v.get("reason").is_none() && v.get("chat").is_none());
-    }
-
-    #[test]
-    fn a_digest_is_sha256_in_hex() {
-        assert_eq!(
-            digest(b"abc"),
-            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
     }
 }

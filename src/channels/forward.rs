@@ -163,6 +163,21 @@ impl ForwardRequest {
     }
 }
 
+/// Hand `request` to the node that owns `channel` over `link` (`None`:
+/// this node is not in a cluster) and wait for its answer.
+pub async fn ask_owner(
+    link: Option<std::sync::Arc<dyn crate::store::cluster::ClusterLink>>,
+    channel: &crate::ids::ChannelUri,
+    request: ForwardRequest,
+) -> Result<ForwardReply, RpcError> {
+    let link = link.ok_or_else(|| RpcError::internal("not a cluster node"))?;
+    let body = link
+        .forward(channel, request.encode())
+        .await
+        .map_err(RpcError::internal)?;
+    Ok(ForwardReply::decode(&body))
+}
+
 impl ForwardReply {
     /// The answer on the wire.
     pub fn encode(&self) -> Vec<u8> {

@@ -134,7 +134,7 @@ impl Connection {
                 return;
             };
             let now = crate::auth::now_secs();
-            if let Err(closed) = guest.still_open(&act.app.shared.access, now) {
+            if let Err(closed) = act.app.shared.access.guest_still_open(guest, now) {
                 if !act.out.is_closing() {
                     tracing::info!(conn = %act.out.id(), subject = %act.principal.subject, reason = closed.reason(), "closing: the invite link ended");
                     act.out.close(CloseCause::InviteEnded(closed.reason()));

@@ -24,6 +24,7 @@ use super::admission::{Refused, Slot};
 use super::connection::Connection;
 use super::AppState;
 use crate::auth::{AuthError, Principal};
+use crate::invites::{guest_subject, guest_tag, parse_code, Closed, Guest};
 use crate::protocol::errors;
 use crate::transport::{Outbound, Upgraded};
 
@@ -159,7 +160,6 @@ fn invite_principal(
     state: &AppState,
     code: &str,
 ) -> Result<Principal, Refusal> {
-    use crate::invites::{guest_tag, parse_code, Closed, Guest};
     let refused = |c: Closed| {
         Refusal(
             StatusCode::FORBIDDEN,
@@ -188,16 +188,27 @@ fn invite_principal(
         access: invite.access,
         name: query_param(head, "name").and_then(|n| crate::people::clean_name(&n)),
     };
-    Ok(guest.principal())
+    Ok(guest_principal(guest))
+}
+
+/// The principal a guest's connection speaks for: one session, the link's
+/// role in it, under the guest's own subject.
+fn guest_principal(guest: Guest) -> Principal {
+    let session = guest.session.to_string();
+    Principal {
+        subject: guest_subject(&guest.id, &guest.tag),
+        role: crate::auth::Role::Client,
+        sessions: Some(Arc::new([session.clone()].into())),
+        expires_at_secs: None,
+        name: None,
+        access: Arc::new([(session, guest.access)].into()),
+        invite: Some(Arc::new(guest)),
+    }
 }
 
 /// Record a guest's arrival with their link's session (a guest coming back
 /// changes nothing).
-async fn use_invite(
-    state: &AppState,
-    guest: &crate::invites::Guest,
-    principal: &Principal,
-) -> Result<(), Refusal> {
+async fn use_invite(state: &AppState, guest: &Guest, principal: &Principal) -> Result<(), Refusal> {
     let failed = |e: crate::protocol::RpcError| {
         let status = if e.code == errors::PERMISSION_DENIED {
             StatusCode::FORBIDDEN

@@ -47,6 +47,7 @@ use tokio::sync::oneshot;
 
 use super::commit::{self, ChannelActor};
 use super::core::{Accepted, ChannelCore, Shared};
+use super::following::Following;
 use super::recovery::{self, Rebuilt};
 use super::registry::{Channel, ChannelAddr};
 use super::rollup;
@@ -309,7 +310,7 @@ impl ChannelActor for ChatActor {
             return Ok(());
         }
         let turns_before = self.state.turns.len();
-        commit::reduce(&mut self.state, action)?;
+        super::reduce::reduce(&mut self.state, action)?;
         if let StateAction::ChatTurnStarted(a) = action {
             self.used_turn_ids.insert(a.turn_id.clone());
         }

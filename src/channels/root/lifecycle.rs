@@ -14,7 +14,7 @@ use ahp_types::ROOT_RESOURCE_URI;
 
 use super::RootActor;
 use crate::channels::core::durable;
-use crate::channels::forward::{ForwardReply, ForwardRequest};
+use crate::channels::forward::{ask_owner, ForwardRequest};
 use crate::channels::recovery::{self, Rebuilt};
 use crate::channels::registry::{Channel, ChannelAddr};
 use crate::channels::session::summary_of;
@@ -220,16 +220,11 @@ impl RootActor {
         let link = self.core.shared.cluster.clone();
         let me = ctx.address();
         let asked = async move {
-            let link = link.ok_or_else(|| RpcError::internal("not a cluster node"))?;
             let request = ForwardRequest::DisposeSession {
                 session: uri.to_string(),
                 by,
             };
-            let body = link
-                .forward(&uri, request.encode())
-                .await
-                .map_err(RpcError::internal)?;
-            ForwardReply::decode(&body).into_result()?;
+            ask_owner(link, &uri, request).await?.into_result()?;
             me.send(RemoveSession {
                 uri,
                 local: true,

@@ -15,7 +15,7 @@ mod lifecycle;
 
 pub use lifecycle::{AdoptSession, CreateSession, RemoveSession};
 
-use super::commit::{self, ChannelActor};
+use super::commit::ChannelActor;
 use super::core::{Accepted, ChannelCore, Shared};
 use super::session::SessionActor;
 use super::validate;
@@ -97,7 +97,7 @@ impl RootActor {
         let action = StateAction::RootActiveSessionsChanged(RootActiveSessionsChangedAction {
             active_sessions: n,
         });
-        if commit::reduce(&mut self.state, &action).is_err() {
+        if super::reduce::reduce(&mut self.state, &action).is_err() {
             return;
         }
         let json = serde_json::to_string(&action).unwrap_or_else(|_| "null".into());

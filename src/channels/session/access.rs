@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::SessionActor;
 use crate::channels::audit::{self, AuditKind};
 use crate::channels::commit::ChannelActor;
-use crate::channels::forward::{ForwardReply, ForwardRequest};
+use crate::channels::forward::ForwardRequest;
 use crate::people::{Access, AccessTable, Person, ACCESS_META};
 use crate::protocol::{errors, RpcError};
 
@@ -42,15 +42,7 @@ impl Handler<SetAccess> for SessionActor {
                 access: msg.access,
                 by: msg.by,
             };
-            let (link, session) = (self.core.shared.cluster.clone(), self.core.uri.clone());
-            return Box::pin(async move {
-                let link = link.ok_or_else(|| RpcError::internal("not a cluster node"))?;
-                let body = link
-                    .forward(&session, request.encode())
-                    .await
-                    .map_err(RpcError::internal)?;
-                ForwardReply::decode(&body).into_value()
-            });
+            return self.forward_to_owner(request);
         }
         if let Err(e) = self.permit(msg.by.as_ref(), Access::Owner, "setting access") {
             return fail(e);
@@ -78,20 +70,39 @@ impl Handler<SetAccess> for SessionActor {
         if before == msg.access {
             return Box::pin(std::future::ready(Ok(json!({ "members": members }))));
         }
-        let mut meta = self.state.meta.clone().unwrap_or_default();
-        meta.insert(ACCESS_META.into(), table.to_json());
-        let action = StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) });
         if let Some(by) = &msg.by {
             let fields = json!({"subject": subject, "access": msg.access, "before": before});
             let e = audit::entry(AuditKind::RoleChanged, by, &self.core.uri, None, fields);
             self.core.audit.push(e);
         }
+        self.store_meta(
+            ctx,
+            ACCESS_META,
+            table.to_json(),
+            json!({ "members": members }),
+        )
+    }
+}
+
+impl SessionActor {
+    /// Set the session's `_meta[key]` to `value` (with the audit entries
+    /// the caller queued) and answer `reply` once it is stored.
+    pub(super) fn store_meta(
+        &mut self,
+        ctx: &mut Context<Self>,
+        key: &str,
+        value: Value,
+        reply: Value,
+    ) -> ResponseFuture<Result<Value, RpcError>> {
+        let mut meta = self.state.meta.clone().unwrap_or_default();
+        meta.insert(key.into(), value);
+        let action = StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) });
         let stored = self.host_actions_stored(ctx, vec![action]);
         Box::pin(async move {
             stored
                 .await
                 .map_err(|r| RpcError::internal(format!("not stored: {r}")))?;
-            Ok(json!({ "members": members }))
+            Ok(reply)
         })
     }
 }

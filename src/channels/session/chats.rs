@@ -158,7 +158,7 @@ impl Handler<CreateChat> for SessionActor {
                 chat: msg.chat.to_string(),
                 by: msg.by,
             };
-            return self.ask_owner(ctx, request, msg.chat);
+            return self.ask_owner_for_chat(ctx, request, msg.chat);
         }
         if let Err(e) = self.permit(msg.by.as_ref(), Access::Participant, "creating a chat") {
             return Box::pin(std::future::ready(Err(e)));
@@ -224,7 +224,7 @@ impl Handler<RemoveChat> for SessionActor {
                 chat: msg.chat.to_string(),
                 by: msg.by,
             };
-            return self.ask_owner(ctx, request, msg.chat);
+            return self.ask_owner_for_chat(ctx, request, msg.chat);
         }
         if let Err(e) = self.permit(msg.by.as_ref(), Access::Owner, "disposing of a chat") {
             return Box::pin(std::future::ready(Err(e)));

@@ -6,7 +6,7 @@ use actix::prelude::*;
 
 use super::SessionActor;
 use crate::channels::chat::{ChatActor, ChatHome, DisposeChat};
-use crate::channels::forward::{ForwardReply, ForwardRequest};
+use crate::channels::forward::{ask_owner, ForwardRequest};
 use crate::channels::recovery::{self, Rebuilt};
 use crate::ids::ChannelUri;
 use crate::protocol::RpcError;
@@ -74,11 +74,20 @@ impl Handler<ForgetChat> for SessionActor {
 }
 
 impl SessionActor {
+    /// On a follower: hand `request` to the session's owner; its answer.
+    pub(super) fn forward_to_owner(
+        &self,
+        request: ForwardRequest,
+    ) -> ResponseFuture<Result<serde_json::Value, RpcError>> {
+        let (link, session) = (self.core.shared.cluster.clone(), self.core.uri.clone());
+        Box::pin(async move { ask_owner(link, &session, request).await?.into_value() })
+    }
+
     /// `createChat` / `disposeChat` of a session another node runs: asked
     /// of that node; once it answered, this node's copy of `chat` is
     /// brought in line before the client hears back (so the chat can be
     /// subscribed here at once, or is gone here too).
-    pub(super) fn ask_owner(
+    pub(super) fn ask_owner_for_chat(
         &self,
         ctx: &mut Context<Self>,
         request: ForwardRequest,
@@ -89,15 +98,9 @@ impl SessionActor {
         let me = ctx.address();
         let create = matches!(request, ForwardRequest::CreateChat { .. });
         Box::pin(async move {
-            let link = shared
-                .cluster
-                .clone()
-                .ok_or_else(|| RpcError::internal("not a cluster node"))?;
-            let body = link
-                .forward(&session, request.encode())
-                .await
-                .map_err(RpcError::internal)?;
-            ForwardReply::decode(&body).into_result()?;
+            ask_owner(shared.cluster.clone(), &session, request)
+                .await?
+                .into_result()?;
             if create {
                 let journal = shared.journal.clone();
                 let uri = chat.clone();

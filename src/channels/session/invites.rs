@@ -5,15 +5,13 @@
 //! [`crate::channels::access::AccessBook`].
 
 use actix::prelude::*;
-use ahp_types::actions::{SessionMetaChangedAction, StateAction};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::SessionActor;
 use crate::auth::now_secs;
 use crate::channels::audit::{self, AuditKind};
-use crate::channels::commit::ChannelActor;
-use crate::channels::forward::{ForwardReply, ForwardRequest};
+use crate::channels::forward::ForwardRequest;
 use crate::invites::{rfc3339, Closed, Invite, InviteTable, Maker, INVITES_META, MAX_TTL_SECS};
 use crate::people::{Access, Person};
 use crate::protocol::{errors, RpcError};
@@ -76,15 +74,7 @@ impl Handler<Invites> for SessionActor {
                 change: msg.op,
                 by: msg.by,
             };
-            let (link, session) = (self.core.shared.cluster.clone(), self.core.uri.clone());
-            return Box::pin(async move {
-                let link = link.ok_or_else(|| RpcError::internal("not a cluster node"))?;
-                let body = link
-                    .forward(&session, request.encode())
-                    .await
-                    .map_err(RpcError::internal)?;
-                ForwardReply::decode(&body).into_value()
-            });
+            return self.forward_to_owner(request);
         }
         let Some(by) = msg.by else {
             return fail(RpcError::invalid_request("an invite needs a person"));
@@ -101,20 +91,12 @@ impl Handler<Invites> for SessionActor {
             Err(e) => return fail(e),
         };
         let listing = table.0.get(&id).map(|i| i.listing(&id, now));
-        let mut meta = self.state.meta.clone().unwrap_or_default();
-        meta.insert(INVITES_META.into(), table.to_json());
-        let action = StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) });
         let mut fields = fields;
         fields["inviteId"] = id.into();
         let e = audit::entry(kind, &by, &self.core.uri, None, fields);
         self.core.audit.push(e);
-        let stored = self.host_actions_stored(ctx, vec![action]);
-        Box::pin(async move {
-            stored
-                .await
-                .map_err(|r| RpcError::internal(format!("not stored: {r}")))?;
-            Ok(listing.unwrap_or_default())
-        })
+        let reply = listing.unwrap_or_default();
+        self.store_meta(ctx, INVITES_META, table.to_json(), reply)
     }
 }
 
