@@ -99,7 +99,7 @@ export class AdminView {
         this.sessionsEl,
         h('h2', null, 'Connections'),
         h('table', { class: 'admin-table' },
-          h('thead', null, h('tr', null, ...['Subject', 'Role', 'Client', 'Subscriptions', 'Queued', 'Open for'].map((t) => h('th', null, t)))),
+          h('thead', null, h('tr', null, ...['Person', 'Subject', 'Role', 'Client', 'Subscriptions', 'Queued', 'Open for'].map((t) => h('th', null, t)))),
           this.connsEl),
         this.noteEl));
     setChildren(crumbsEl, h('a', { class: 'crumb-back', href: '#/', 'aria-label': 'All sessions' }, '‹'), h('span', { class: 'crumb-title' }, 'Admin'));
@@ -201,9 +201,10 @@ export class AdminView {
   connections(list) {
     setChildren(this.connsEl, list.length
       ? list.map((c) => h('tr', { class: 'admin-conn', 'data-conn': c.conn },
+        h('td', { class: 'admin-person' }, c.name ?? '—', c.invite ? h('span', { class: 'muted', title: `came in through invite link ${c.invite}` }, ' · by invite') : null),
         h('td', null, c.subject), h('td', null, c.role), h('td', { class: 'mono' }, c.clientId ?? '—'),
         h('td', null, String(c.subscriptions)), h('td', null, bytes(c.queuedBytes)), h('td', null, duration(c.openSecs))))
-      : h('tr', null, h('td', { colspan: 6, class: 'muted' }, 'No connections.')));
+      : h('tr', null, h('td', { colspan: 7, class: 'muted' }, 'No connections.')));
   }
 
   sessions(list) {
@@ -212,7 +213,7 @@ export class AdminView {
       ? waiting.map((s) => h('div', { class: 'card admin-session', 'data-session': s.session },
         h('div', { class: 'admin-session-head' },
           h('a', { href: `#/s/${s.session.replace(/^ahp-session:\//, '')}` }, s.session),
-          h('span', { class: 'muted' }, `${s.provider ?? ''} · ${s.chats} chat(s) · ${s.subscribers} watching`)),
+          h('span', { class: 'muted' }, `${s.provider ?? ''} · ${s.chats} chat(s) · ${s.subscribers} watching${roles(s)}`)),
         h('ul', { class: 'admin-waiting-list' }, s.waiting.map((w) => h('li', { class: 'admin-waiting', 'data-kind': w.kind },
           h('span', { class: `admin-kind admin-kind-${w.kind}` }, w.kind),
           h('span', { class: 'admin-waiting-title' }, w.title),
@@ -223,4 +224,13 @@ export class AdminView {
   dispose() {
     clearInterval(this.timer);
   }
+}
+
+/** " · 2 owners, 1 viewer · 1 open invite": the roles a session's owner set. */
+function roles(s) {
+  const counts = {};
+  for (const a of Object.values(s.members ?? {})) counts[a] = (counts[a] ?? 0) + 1;
+  const named = Object.entries(counts).map(([a, n]) => `${n} ${a}${n > 1 ? 's' : ''}`).join(', ');
+  const invites = s.openInvites ? ` · ${s.openInvites} open invite${s.openInvites > 1 ? 's' : ''}` : '';
+  return (named ? ` · ${named}` : '') + invites;
 }

@@ -33,11 +33,15 @@ pub(super) async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Ht
         .iter()
         .map(|c| {
             let id = c.out.id();
+            let person = c.person.lock().clone();
+            let (client_id, name) = person.unzip();
             json!({
                 "conn": id.to_string(),
                 "subject": c.subject,
                 "role": c.role.as_str(),
-                "clientId": *c.client_id.lock(),
+                "clientId": client_id,
+                "name": name,
+                "invite": c.invite,
                 "subscriptions": subscriptions.get(&id).copied().unwrap_or(0),
                 "queuedBytes": c.out.queued_bytes(),
                 "openSecs": c.since.elapsed().as_secs(),
@@ -69,6 +73,7 @@ pub(super) async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Ht
             *chats.entry(s.as_ref()).or_default() += 1;
         }
     }
+    let now = crate::auth::now_secs();
     let mut sessions: Vec<Value> = channels
         .iter()
         .filter(|c| !c.addr.is_chat() && c.session.as_ref() == Some(&c.uri))
@@ -76,9 +81,17 @@ pub(super) async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Ht
             let waiting = waiting_by_session
                 .remove(c.uri.as_ref())
                 .unwrap_or_default();
+            let members = shared.access.get(&c.uri);
+            let invites = shared.access.invites_of(&c.uri);
+            let open = invites
+                .iter()
+                .filter(|(_, i)| i.ended(now).is_none())
+                .count();
             json!({
                 "session": c.uri,
                 "provider": c.provider.as_deref(),
+                "members": members.members,
+                "openInvites": open,
                 "chats": chats.get(c.uri.as_ref()).copied().unwrap_or(0),
                 "subscribers": c.hub.len(),
                 "waiting": waiting,

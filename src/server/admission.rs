@@ -62,8 +62,11 @@ pub struct OpenConn {
     pub role: crate::auth::Role,
     /// When its upgrade went through.
     pub since: std::time::Instant,
-    /// Its `clientId`, once it sent `initialize` or `reconnect`.
-    pub client_id: parking_lot::Mutex<Option<String>>,
+    /// Its `clientId` and the name its person is shown by, once it sent
+    /// `initialize` or `reconnect` (the name follows `tandem/setName`).
+    pub person: parking_lot::Mutex<Option<(String, String)>>,
+    /// The invite link it came in through, by id.
+    pub invite: Option<String>,
 }
 
 impl AsRef<Outbound> for OpenConn {
@@ -151,10 +154,10 @@ impl Connections {
         self.open.iter().map(|c| c.value().clone()).collect()
     }
 
-    /// Note connection `conn`'s `clientId`.
-    pub fn set_client_id(&self, conn: ConnId, client_id: &str) {
+    /// Note who connection `conn` speaks for: its `clientId` and name.
+    pub fn note_person(&self, conn: ConnId, person: &crate::people::Person) {
         if let Some(c) = self.open.get(&conn) {
-            *c.client_id.lock() = Some(client_id.to_owned());
+            *c.person.lock() = Some((person.client_id.clone(), person.name.clone()));
         }
     }
 }
@@ -172,14 +175,15 @@ pub struct Slot {
 
 impl Slot {
     /// The upgrade went through: list the connection as open.
-    pub fn open(&mut self, out: Arc<Outbound>, role: crate::auth::Role) {
+    pub fn open(&mut self, out: Arc<Outbound>, principal: &crate::auth::Principal) {
         self.conn = Some(out.id());
         let conn = OpenConn {
             out: out.clone(),
             subject: self.subject.clone(),
-            role,
+            role: principal.role,
             since: std::time::Instant::now(),
-            client_id: parking_lot::Mutex::new(None),
+            person: parking_lot::Mutex::new(None),
+            invite: principal.invite.as_ref().map(|g| g.id.clone()),
         };
         self.table.open.insert(out.id(), Arc::new(conn));
     }
@@ -227,7 +231,10 @@ mod tests {
         assert_eq!(t.admit("c").err(), Some(Refused::Full(3)));
         drop(a1);
         let mut a3 = t.admit("a").expect("a dropped slot is free again");
-        a3.open(Arc::new(Outbound::new(10)), crate::auth::Role::Client);
+        a3.open(
+            Arc::new(Outbound::new(10)),
+            &crate::auth::Principal::local(),
+        );
         assert_eq!(t.open_len(), 1);
         drop(a3);
         assert_eq!(t.open_len(), 0, "an ended connection is no longer open");
@@ -243,7 +250,10 @@ mod tests {
         let mut slots: Vec<Slot> = (0..10)
             .map(|_| {
                 let mut s = t.admit("a").unwrap();
-                s.open(Arc::new(Outbound::new(10)), crate::auth::Role::Client);
+                s.open(
+                    Arc::new(Outbound::new(10)),
+                    &crate::auth::Principal::local(),
+                );
                 s
             })
             .collect();

@@ -53,15 +53,22 @@ impl Connection {
     /// Take the name a client gives in `initialize` / `reconnect`'s `_meta`,
     /// when it may name itself (no authentication); ignored otherwise.
     pub(super) fn name_from(&mut self, meta: Option<&Map<String, Value>>) {
-        if !self.names_itself() {
-            return;
+        if self.names_itself() {
+            if let Some(name) = meta
+                .and_then(|m| m.get(NAME_META))
+                .and_then(Value::as_str)
+                .and_then(clean_name)
+            {
+                self.chosen_name = Some(name);
+            }
         }
-        if let Some(name) = meta
-            .and_then(|m| m.get(NAME_META))
-            .and_then(Value::as_str)
-            .and_then(clean_name)
-        {
-            self.chosen_name = Some(name);
+        self.note_person();
+    }
+
+    /// Show the admin view who this connection speaks for now.
+    fn note_person(&self) {
+        if let Some(person) = self.person() {
+            self.app.connections.note_person(self.out.id(), &person);
         }
     }
 
@@ -83,6 +90,7 @@ impl Connection {
         let name = clean_name(&p.name)
             .ok_or_else(|| RpcError::invalid_params("`name` must hold a visible character"))?;
         self.chosen_name = Some(name.clone());
+        self.note_person();
         self.refresh_presence();
         self.reply(&id, &json!({"name": name}));
         Ok(())

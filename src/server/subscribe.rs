@@ -175,9 +175,6 @@ impl Connection {
         }
         // Initialized only once the subscriptions are taken: a refused
         // `initialize` leaves the connection as it was.
-        self.app
-            .connections
-            .set_client_id(self.out.id(), &p.client_id);
         self.client_id = Some(p.client_id.into());
         self.name_from(p.meta.as_ref());
         let subscribed = self.subscribe_many(uris, None, ctx, move |act, snaps| {
@@ -249,9 +246,6 @@ impl Connection {
         if wanted.len() > max {
             return Err(subscription_limit(max));
         }
-        self.app
-            .connections
-            .set_client_id(self.out.id(), &p.client_id);
         self.client_id = Some(p.client_id.into());
         self.name_from(p.meta.as_ref());
         let mut present = Vec::new();

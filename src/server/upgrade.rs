@@ -76,7 +76,7 @@ pub async fn serve(
             .flatten(),
     ));
     let (inbound, writer) = upgraded.serve(&out, pacing, limit);
-    slot.open(out.clone(), principal.role);
+    slot.open(out.clone(), &principal);
     tracing::info!(
         conn = %out.id(),
         subject = %principal.subject,

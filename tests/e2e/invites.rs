@@ -127,6 +127,38 @@ async fn a_guest_watches_through_a_link_until_it_is_revoked() {
     );
     assert_eq!(code, -32009, "a viewer makes no links");
 
+    // The admin view shows the guest by name and link, and the session's
+    // roles and open links.
+    let admin = tandem::auth::Authenticator::new(SECRET)
+        .expect("key")
+        .mint(&tandem::auth::Claims {
+            sub: "ops".into(),
+            role: tandem::auth::Role::Admin,
+            exp: now_secs() + 600,
+            ..Default::default()
+        })
+        .expect("mint");
+    let bearer = format!("Bearer {admin}");
+    let headers = [("Authorization", bearer.as_str())];
+    let (status, _, body) = http_with(server.addr, "GET", "/admin/overview", &headers).await;
+    assert!(status.contains("200"), "{status}");
+    let overview: Value = serde_json::from_slice(&body).expect("JSON");
+    let conns = overview["connections"].as_array().expect("connections");
+    let guest = conns
+        .iter()
+        .find(|c| c["clientId"] == "vic-phone")
+        .unwrap_or_else(|| panic!("the guest is listed: {overview}"));
+    assert_eq!(guest["name"], "Vic", "{guest}");
+    assert_eq!(guest["invite"], link["id"], "{guest}");
+    let listed = overview["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .find(|s| s["session"] == session.as_str())
+        .unwrap_or_else(|| panic!("the session is listed: {overview}"));
+    assert_eq!(listed["members"]["ann"], "owner", "{listed}");
+    assert_eq!(listed["openInvites"], 1, "{listed}");
+
     // A second socket through the same link; the owner lists and revokes.
     let closed = guest_socket(&guest_url(&server, &secret, "vic-device-2", "Val")).await;
     let listed: Value = ann

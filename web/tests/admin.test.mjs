@@ -59,12 +59,17 @@ test('an admin sees connections, who waits and the metrics; a client token is re
   assert.match(await ops.locator('.admin-waited').first().textContent(), /\d+ s/);
   await ops.waitForFunction(() => document.querySelectorAll('.admin-conn').length >= 2, null, { timeout: WAIT });
   const rows = await ops.locator('.admin-conn').evaluateAll((trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent)));
-  const annRow = rows.find((r) => r[0] === 'ann');
+  // Person, subject, role, client, subscriptions, …: a token without a
+  // `name` claim shows its subject as the person's name.
+  const annRow = rows.find((r) => r[1] === 'ann');
   assert.ok(annRow, JSON.stringify(rows));
-  assert.equal(annRow[1], 'client');
-  assert.match(annRow[2], /^web-/);
-  assert.ok(Number(annRow[3]) >= 2, `ann's subscriptions: ${annRow[3]}`);
-  assert.ok(rows.some((r) => r[0] === 'ops' && r[1] === 'admin'), JSON.stringify(rows));
+  assert.equal(annRow[0], 'ann');
+  assert.equal(annRow[2], 'client');
+  assert.match(annRow[3], /^web-/);
+  assert.ok(Number(annRow[4]) >= 2, `ann's subscriptions: ${annRow[4]}`);
+  assert.ok(rows.some((r) => r[1] === 'ops' && r[2] === 'admin'), JSON.stringify(rows));
+  // The session lists the role its creator holds.
+  assert.match(await ops.locator('.admin-session-head .muted').first().textContent(), /1 owner\b/);
 
   // Traffic while the charts fill: Ann types a draft.
   for (const ch of 'tonight after 8') {
