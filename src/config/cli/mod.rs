@@ -611,13 +611,14 @@ mod tests {
         }
     }
 
-    /// The flags the README's reference table lists, in its order: the
-    /// first cell of each row of the table under `### Every serve flag`.
-    fn readme_flags() -> Vec<String> {
-        let readme = include_str!("../../../README.md");
-        let (_, table) = readme
-            .split_once("### Every serve flag")
-            .expect("the README has a `### Every serve flag` section");
+    /// The flags the operator's reference table lists, in its order: the
+    /// first cell of each row of the table under `## Every serve flag` in
+    /// `docs/operating.md`.
+    fn documented_flags() -> Vec<String> {
+        let doc = include_str!("../../../docs/operating.md");
+        let (_, table) = doc
+            .split_once("## Every serve flag")
+            .expect("docs/operating.md has an `## Every serve flag` section");
         table
             .lines()
             .skip_while(|l| !l.starts_with('|'))
@@ -632,7 +633,7 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_every_serve_flag_once_and_no_other() {
+    fn the_operators_guide_lists_every_serve_flag_once_and_no_other() {
         let serve = Cli::command();
         let serve = serve.find_subcommand("serve").expect("the serve command");
         let flags: Vec<String> = serve
@@ -640,18 +641,18 @@ mod tests {
             .filter_map(|a| a.get_long())
             .map(|l| format!("--{l}"))
             .collect();
-        let listed = readme_flags();
+        let listed = documented_flags();
         for f in &flags {
             let n = listed.iter().filter(|l| *l == f).count();
             assert_eq!(
                 n, 1,
-                "README, \"Every serve flag\": `{f}` is listed {n} times"
+                "docs/operating.md, \"Every serve flag\": `{f}` is listed {n} times"
             );
         }
         for l in &listed {
             assert!(
                 flags.contains(l),
-                "README lists `{l}`, which `tandem serve` does not take"
+                "docs/operating.md lists `{l}`, which `tandem serve` does not take"
             );
         }
     }
