@@ -250,9 +250,22 @@ impl Actor for SessionActor {
         self.note_access();
     }
 
-    fn stopped(&mut self, _: &mut Self::Context) {
+    fn stopped(&mut self, ctx: &mut Self::Context) {
         self.core.shared.homes.left();
-        self.core.shared.access.remove(&self.core.uri);
+        // A session started again under the same URI (re-created, or read
+        // again from the store) keeps the roles and links its actor noted.
+        let me = ctx.address();
+        let replaced = self
+            .core
+            .shared
+            .registry
+            .get(self.core.uri.as_ref())
+            .is_some_and(
+                |c| !matches!(&c.addr, super::registry::ChannelAddr::Session(a) if *a == me),
+            );
+        if !replaced {
+            self.core.shared.access.remove(&self.core.uri);
+        }
     }
 }
 
