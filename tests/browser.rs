@@ -84,6 +84,8 @@ async fn the_web_client_is_served_from_the_binary() {
         ("/style.css", "text/css; charset=utf-8"),
         ("/admin.js", "text/javascript; charset=utf-8"),
         ("/people.js", "text/javascript; charset=utf-8"),
+        ("/invites.js", "text/javascript; charset=utf-8"),
+        ("/activity.js", "text/javascript; charset=utf-8"),
         ("/favicon.svg", "image/svg+xml"),
     ] {
         let (status, headers, body) = http(server.addr, "GET", path).await;
@@ -281,6 +283,47 @@ async fn the_web_client_shows_who_did_what_and_offers_what_a_role_may_do() {
     run_page_tests("people.test.mjs", &env, 2, Duration::from_secs(150)).await;
     server.stop().await;
     open.stop().await;
+}
+
+/// Invite links in the web client (`web/tests/invites.test.mjs`): against a
+/// server with auth, Ann (an owner of the session, by her token) makes a
+/// viewer link for 60 s in the Share dialog; Gus opens it in another
+/// browser, picks his name and watches the chat (a viewer's closed
+/// composer) while Ann's page shows him here; Ann revokes the link and
+/// Gus's page says "This invite link was revoked" within 5 s and neither
+/// reconnects nor gets in on a reload. Ann's Activity panel lists who made,
+/// used and revoked the link. A one-second link, once listed as expired,
+/// is refused when opened, and a link revoked while a guest types their
+/// name refuses them on joining. Writes `invite.png`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_client_invites_by_link_and_revokes() {
+    use tandem::auth::{now_secs, Authenticator, Claims, Role};
+    use tandem::people::Access;
+    let secret = b"invite-web-test-secret-0123456789abcdef";
+    let server = TestServer::start_with(tandem::Config {
+        auth_secret: Some(secret.to_vec()),
+        ..tandem::Config::default()
+    })
+    .await;
+    let session = format!("ahp-session:/{}", uuid::Uuid::new_v4());
+    let auth = Authenticator::new(secret).expect("key");
+    let ann = auth
+        .mint(&Claims {
+            sub: "ann".into(),
+            role: Role::Client,
+            exp: now_secs() + 600,
+            name: Some("Ann".into()),
+            access: Some([(session.clone(), Access::Owner)].into()),
+            ..Default::default()
+        })
+        .expect("mint");
+    let env = [
+        ("TANDEM_URL", format!("http://{}/", server.addr)),
+        ("SESSION", session),
+        ("ANN_TOKEN", ann),
+    ];
+    run_page_tests("invites.test.mjs", &env, 2, Duration::from_secs(150)).await;
+    server.stop().await;
 }
 
 /// The browser's operations (`web/coedit.js`) agree with the server's

@@ -20,6 +20,9 @@ const BACKOFF_MS = [200, 500, 1000, 2000, 4000];
 // The server closes a socket with this code when its token expires
 // (src/transport/close.rs TOKEN_EXPIRED_CLOSE_CODE).
 const TOKEN_EXPIRED_CLOSE = 4401;
+// ... and this one when the invite link it came in through is revoked or
+// expires (INVITE_ENDED_CLOSE_CODE); the reason says which.
+const INVITE_ENDED_CLOSE = 4403;
 
 /** A v4 UUID; `crypto.randomUUID` exists only in secure contexts. */
 export function uuid() {
@@ -49,7 +52,7 @@ export class AhpClient extends EventTarget {
     this.clientId = clientId;
     this.meta = null; // () => `_meta` for initialize / reconnect, or undefined
     this.ws = null;
-    this.status = 'connecting'; // connecting | live | reconnecting | offline
+    this.status = 'connecting'; // connecting | live | reconnecting | offline | expired | ended
     this.initialized = false; // after the first successful initialize
     this.lastSeenServerSeq = 0;
     this.nextId = 1;
@@ -61,7 +64,17 @@ export class AhpClient extends EventTarget {
     this.attempt = 0;
     this.hold = false;
     this.reconnectTimer = null;
-    this.stats = { reconnects: 0, lastReconnect: null, replayed: 0, rejections: 0 };
+    // A browser cannot read why an upgrade was refused: `admission()`, when
+    // set, asks another way after a socket closed without ever opening. It
+    // resolves with the refusal's words (the client stops: `ended`), or null
+    // (not refused: try again); after `maxFailedOpens` such closes in a row
+    // the client stops too.
+    this.admission = null;
+    this.maxFailedOpens = Infinity;
+    this.failedOpens = 0;
+    this.ended = false;
+    this.endReason = null;
+    this.stats = { reconnects: 0, lastReconnect: null, replayed: 0, rejections: 0, opens: 0 };
   }
 
   // ─── Connection ────────────────────────────────────────────────────────
@@ -77,9 +90,15 @@ export class AhpClient extends EventTarget {
   open() {
     clearTimeout(this.reconnectTimer);
     this.reconnectTimer = null;
+    if (this.ended) return; // Let in no more: only a new page tries again.
+    this.stats.opens += 1;
     const ws = new WebSocket(this.url);
     this.ws = ws;
-    ws.onopen = () => this.handshake(ws);
+    ws.onopen = () => {
+      ws.opened = true;
+      this.failedOpens = 0;
+      this.handshake(ws);
+    };
     ws.onmessage = (ev) => this.onMessage(ev.data);
     ws.onclose = (ev) => this.onClose(ws, ev);
     ws.onerror = () => { /* onclose follows */ };
@@ -192,12 +211,56 @@ export class AhpClient extends EventTarget {
       this.setStatus('expired');
       return;
     }
+    if (ev?.code === INVITE_ENDED_CLOSE) {
+      // The link was revoked or expired: it lets nobody back in.
+      this.end(ev.reason || null);
+      return;
+    }
+    if (!ws.opened && this.admission && !this.hold) {
+      this.setStatus('reconnecting');
+      this.checkAdmission();
+      return;
+    }
     this.setStatus(this.hold ? 'offline' : 'reconnecting');
     if (!this.hold) this.scheduleReconnect();
   }
 
+  /** A socket closed before it opened: refused, or only unlucky? */
+  async checkAdmission() {
+    this.failedOpens += 1;
+    let why = null;
+    try {
+      why = await this.admission();
+    } catch {
+      why = null; // Not answered: as unlucky as the socket.
+    }
+    if (this.ws || this.ended || this.hold) return;
+    if (why) this.end(why);
+    else if (this.failedOpens >= this.maxFailedOpens) this.end(null);
+    else this.scheduleReconnect();
+  }
+
+  /**
+   * Stop for good (`reason`: why, or null when unknown): no reconnect is
+   * tried again; the page says so (`ended`).
+   */
+  end(reason) {
+    clearTimeout(this.reconnectTimer);
+    this.reconnectTimer = null;
+    this.ended = true;
+    this.endReason = reason;
+    const ws = this.ws;
+    this.ws = null;
+    ws?.close();
+    this.setStatus('ended');
+    this.emit('ended', { reason });
+    this.onFirstReady?.reject(new RpcError({ code: -32009, message: reason ?? 'not let in' }));
+    this.onFirstReady = null;
+  }
+
   scheduleReconnect() {
     clearTimeout(this.reconnectTimer);
+    if (this.ended) return;
     const delay = BACKOFF_MS[Math.min(this.attempt, BACKOFF_MS.length - 1)];
     this.attempt += 1;
     this.reconnectTimer = setTimeout(() => this.open(), delay);
@@ -214,7 +277,7 @@ export class AhpClient extends EventTarget {
 
   reconnectNow() {
     this.hold = false;
-    if (!this.ws) {
+    if (!this.ws && !this.ended) {
       this.setStatus('reconnecting');
       this.open();
     }

@@ -1,6 +1,8 @@
 // Tandem web client: session list and chat view over one AHP connection.
 // Routes: #/ (sessions), #/s/<session-uuid>[/<chat-uuid>] (a chat), #/admin
-// (the server: connections, who waits, metrics; an admin token).
+// (the server: connections, who waits, metrics; an admin token). A page
+// opened from an invite link (`/?invite=<code>#/s/<session-uuid>`) asks the
+// guest's name first and connects through the link (web/invites.js).
 
 import { AhpClient, ROOT, RpcError, uuid } from './ahp.js';
 import { activityOf } from './reducers.js';
@@ -9,11 +11,17 @@ import { renderMarkdown, inline } from './markdown.js';
 import { InputRequestCard, ToolCallCard } from './cards.js';
 import { SharedField } from './coedit.js';
 import { AdminView } from './admin.js';
-import { People, SessionAccess, nameField, tokenClaims, can, roleNote, authorOf, actOf, actText, actsIn } from './people.js';
+import { People, SessionAccess, PresenceList, nameField, tokenClaims, can, roleNote, authorOf, actOf, actText, actsIn } from './people.js';
+import { InviteScreen, ShareDialog, endedPage, guestId, inviteOf, inviteRefusal, inviteSocketUrl } from './invites.js';
+import { ActivityPanel } from './activity.js';
 
 // A server with a secret wants a bearer token on the upgrade; a browser passes
 // it as `?token=…`, taken here from the page's own URL (`/?token=…#/`).
 const token = new URLSearchParams(location.search).get('token');
+// A guest comes in through an invite link instead (`?invite=…`): no token,
+// this browser's guest id and the name they pick go on the socket's URL.
+const invite = token ? null : inviteOf();
+const guest = invite ? guestId() : null;
 const wsUrl = `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/ahp${token ? `?token=${encodeURIComponent(token)}` : ''}`;
 // One id per page load: a reload starts over with `initialize` (its state is
 // gone anyway), and a duplicated tab must not share an id with its original.
@@ -22,6 +30,17 @@ const clientId = `web-${uuid()}`;
 const client = new AhpClient({ url: wsUrl, clientId });
 // Who this page speaks for: the name sent in `initialize` (no auth) or the token's.
 const people = new People({ client, token });
+if (invite) {
+  client.url = inviteSocketUrl({ code: invite, guest, name: people.chosen });
+  // A refused upgrade cannot be read here: ask why the plain way, and stop
+  // after a few sockets that never opened.
+  client.admission = () => inviteRefusal(invite, guest);
+  client.maxFailedOpens = 3;
+  // A reconnect carries the name the guest goes by now.
+  people.addEventListener('name', () => {
+    client.url = inviteSocketUrl({ code: invite, guest, name: people.chosen });
+  });
+}
 
 const ACTIVITY_LABEL = {
   'input-needed': 'Input needed',
@@ -64,7 +83,7 @@ const toastsEl = h('div', { class: 'toasts', 'aria-live': 'polite' });
 
 // The role a token claims (shown links only; the server decides). Without
 // a token the server has no auth (loopback): everyone is an admin.
-const adminLink = !token || tokenClaims(token)?.role === 'admin'
+const adminLink = !invite && (!token || tokenClaims(token)?.role === 'admin')
   ? h('a', { class: 'admin-link', href: '#/admin', 'data-action': 'admin' }, 'Admin')
   : null;
 
@@ -78,11 +97,28 @@ document.getElementById('app').replaceChildren(
   viewEl,
   toastsEl);
 
-const CONN_LABEL = { connecting: 'Connecting…', live: 'Live', reconnecting: 'Reconnecting…', offline: 'Offline', expired: 'Token expired — open the page with a fresh token' };
+const CONN_LABEL = {
+  connecting: 'Connecting…', live: 'Live', reconnecting: 'Reconnecting…', offline: 'Offline',
+  expired: 'Token expired — open the page with a fresh token', ended: 'Not connected',
+};
 client.addEventListener('status', (e) => {
   connEl.dataset.conn = e.detail.status;
   setText(connEl, CONN_LABEL[e.detail.status] ?? e.detail.status);
 });
+
+// The server let this page in no more (an invite link revoked or expired):
+// say so in place of the view; nothing reconnects.
+let ended = false;
+function showEnded(reason) {
+  if (ended) return;
+  ended = true;
+  currentView?.dispose();
+  currentView = null;
+  setChildren(crumbsEl);
+  viewEl.replaceChildren(endedPage(reason));
+  document.title = 'Invite ended · Tandem';
+}
+client.addEventListener('ended', (e) => showEnded(e.detail.reason));
 
 export function toast(text, kind = 'info') {
   const el = h('div', { class: `toast toast-${kind}`, role: 'status' }, text);
@@ -123,7 +159,7 @@ class SessionsView {
     this.sessions = new Map();
     this.listEl = h('ul', { class: 'session-list' });
     this.agentSelect = h('select', { class: 'input select', 'aria-label': 'Agent' });
-    this.createBtn = h('button', { class: 'btn btn-primary', type: 'button', 'data-action': 'new-session', onclick: () => this.create() }, 'New session');
+    this.createBtn = h('button', { class: 'btn btn-primary', type: 'button', 'data-action': 'new-session', hidden: !!invite, onclick: () => this.create() }, 'New session');
     this.el = h('div', { class: 'page sessions-page' },
       h('section', { class: 'hero' },
         h('div', null,
@@ -149,7 +185,7 @@ class SessionsView {
     setChildren(this.agentSelect, agents.map((a) => h('option', { value: a.provider }, a.displayName ?? a.provider)));
     if (agents.some((a) => a.provider === current)) this.agentSelect.value = current;
     else if (agents.some((a) => a.provider === 'scripted')) this.agentSelect.value = 'scripted';
-    this.agentSelect.hidden = agents.length <= 1;
+    this.agentSelect.hidden = agents.length <= 1 || !!invite;
   }
 
   async load() {
@@ -404,7 +440,23 @@ class ChatView {
     this.composer = h('form', { class: 'composer', onsubmit: (e) => { e.preventDefault(); this.send(); } },
       h('div', { class: 'composer-box' }, this.input, this.stopBtn, this.sendBtn), this.draftPeers, this.composerNote);
 
-    this.el = h('div', { class: 'page chat-page' }, this.scrollEl, this.composer);
+    // Who is here, the session's record, and (for an owner) its links.
+    this.presence = null;
+    this.hereEl = h('div', { class: 'here-slot' });
+    this.activity = new ActivityPanel({ client, session: this.session, chat: this.chat });
+    this.activityBtn = h('button', {
+      class: 'btn btn-small', type: 'button', 'data-action': 'activity', 'aria-pressed': 'false',
+      title: 'Who answered, approved, changed roles and shared links', onclick: () => this.activity.toggle(),
+    }, 'Activity');
+    this.activity.onToggle = (open) => this.activityBtn.setAttribute('aria-pressed', String(open));
+    this.share = null;
+    this.shareBtn = h('button', {
+      class: 'btn btn-small btn-primary', type: 'button', 'data-action': 'share', hidden: true,
+      title: 'Invite people with a link', onclick: () => this.openShare(),
+    }, 'Share');
+    this.barEl = h('div', { class: 'session-bar' }, this.hereEl, h('div', { class: 'session-actions' }, this.activityBtn, this.shareBtn));
+
+    this.el = h('div', { class: 'page chat-page' }, this.barEl, this.scrollEl, this.composer, this.activity.el);
     this.onChange = (e) => {
       if (e.detail.uri === this.chat || e.detail.uri === this.session) this.schedule();
     };
@@ -425,9 +477,14 @@ class ChatView {
       if (this.disposed) return;
       if (!this.chat) this.chat = session?.defaultChat ?? session?.chats?.[0]?.resource;
       if (!this.chat) throw new Error('the session has no chat');
+      this.activity.chat = this.chat;
       // What this person may do here, asked while the chat loads.
       await Promise.all([client.subscribe(this.chat), this.access.fetch()]);
       if (this.disposed) return;
+      // Here before the shared fields say where (presence is one place a page).
+      this.presence ??= new PresenceList({ client, chat: this.chat, people });
+      this.hereEl.replaceChildren(this.presence.el);
+      this.presence.start();
       this.draftField ??= new SharedField({
         client, chat: this.chat, target: { draft: true }, input: this.input, marks: this.draftPeers,
         onText: () => this.autosize(),
@@ -515,12 +572,21 @@ class ChatView {
   }
 
   roleChanged(role) {
-    this.roleEl.hidden = !token || !role;
+    // Without a token (and not a guest) everyone owns everything: no badge.
+    this.roleEl.hidden = !(token || invite) || !role;
+    // Only an owner makes links (without auth, everyone is one).
+    this.shareBtn.hidden = role !== 'owner';
+    if (role !== 'owner') this.share?.close();
     setText(this.roleEl, role ?? '');
     if (role) this.roleEl.dataset.role = role;
     if (this.loaded) this.input.disabled = !this.canSend();
     this.input.placeholder = role && !this.canSend() ? 'Watching: you cannot send messages here' : this.placeholder;
     this.schedule();
+  }
+
+  openShare() {
+    this.share ??= new ShareDialog({ client, session: this.session });
+    this.share.open();
   }
 
   /** Bring a card that newly waits for a person into view (once per card). */
@@ -605,6 +671,9 @@ class ChatView {
   dispose() {
     this.disposed = true;
     this.access.close();
+    this.presence?.close();
+    this.activity.dispose();
+    this.share?.dispose();
     this.draftField?.close();
     if (this.frame) cancelAnimationFrame(this.frame);
     client.removeEventListener('change', this.onChange);
@@ -620,6 +689,7 @@ class ChatView {
 let currentView = null;
 
 function route() {
+  if (ended) return;
   const m = location.hash.match(/^#\/s\/([\w-]+)(?:\/([\w-]+))?/);
   currentView?.dispose();
   if (location.hash === '#/admin') currentView = new AdminView({ token, crumbsEl });
@@ -635,9 +705,58 @@ window.tandem = {
   client,
   dropSocket: (opts) => client.dropSocket(opts),
   reconnectNow: () => client.reconnectNow(),
-  stats: () => ({ ...client.stats, status: client.status, lastSeenServerSeq: client.lastSeenServerSeq, clientId }),
+  stats: () => ({
+    ...client.stats, status: client.status, lastSeenServerSeq: client.lastSeenServerSeq, clientId,
+    ended: client.ended, endReason: client.endReason, socket: !!client.ws, reconnectScheduled: client.reconnectTimer != null,
+  }),
 };
 
-client.start().then(route, (e) => {
-  setChildren(viewEl, h('div', { class: 'page' }, h('div', { class: 'card error-card' }, `Could not connect: ${e.message}`)));
-});
+function connect() {
+  connEl.dataset.conn = client.status;
+  setText(connEl, CONN_LABEL[client.status] ?? client.status);
+  client.start().then(route, (e) => {
+    if (client.ended) return; // The page says why already.
+    setChildren(viewEl, h('div', { class: 'page' }, h('div', { class: 'card error-card' }, `Could not connect: ${e.message}`)));
+  });
+}
+
+// A guest who joined in this tab comes back in at once on a reload.
+const JOINED_KEY = 'tandem.invite.joined';
+const joinedHere = () => {
+  try {
+    return sessionStorage.getItem(JOINED_KEY) === invite;
+  } catch {
+    return false;
+  }
+};
+
+/** An invite link: check it, ask the guest's name, then connect through it. */
+async function startAsGuest() {
+  const screen = new InviteScreen({
+    name: people.chosen,
+    onJoin: (name) => {
+      people.choose(name);
+      try {
+        sessionStorage.setItem(JOINED_KEY, invite);
+      } catch { /* asked again on a reload */ }
+      connect();
+    },
+  });
+  viewEl.replaceChildren(screen.el);
+  connEl.dataset.conn = 'offline';
+  setText(connEl, 'Not connected');
+  // A link that lets nobody in says so before anyone types a name.
+  let why = null;
+  try {
+    why = await inviteRefusal(invite, guest);
+  } catch { /* the server did not answer: the socket will find out */ }
+  if (why) {
+    client.end(why);
+    return;
+  }
+  if (joinedHere() && people.chosen) connect();
+  else screen.ask();
+}
+
+if (invite) startAsGuest();
+else connect();

@@ -11,7 +11,7 @@
 // - A message's `_meta["tandem/author"]` and a system notification's
 //   `_meta["tandem/act"]` (written by the host only) name who did what.
 
-import { h, setText } from './dom.js';
+import { h, setChildren, setText } from './dom.js';
 
 export const ROLES = ['viewer', 'participant', 'approver', 'owner'];
 
@@ -88,6 +88,19 @@ export class People extends EventTarget {
       if (this.locked) this.name = name;
       this.emit();
     }
+  }
+
+  /**
+   * Name oneself before connecting (a guest coming in through a link): the
+   * name goes in `initialize`, and is remembered like a chosen one.
+   */
+  choose(raw) {
+    const name = raw.trim();
+    if (this.locked || !name) return;
+    this.chosen = name;
+    this.name = name;
+    store(name);
+    this.emit();
   }
 
   /** Choose a name (without authentication): resolves with the name as shown. */
@@ -208,6 +221,78 @@ export class SessionAccess {
   close() {
     this.closed = true;
     this.client.removeEventListener('reconnected', this.onReconnected);
+  }
+}
+
+// ─── Who is here ───────────────────────────────────────────────────────
+
+/** A presence entry's person, as shown (the server names each; an older one did not). */
+export function presenceName(p) {
+  return p.name || (p.subject && p.subject !== 'local' ? p.subject : `guest ${String(p.clientId ?? '').replace(/^web-/, '').slice(0, 4)}`);
+}
+
+/**
+ * Who is on a chat now (`tandem/presence`, `tandem/listPresence`): a chip
+ * for each person. The page says it is here (a presence without a text:
+ * a viewer may too) once it is subscribed, and again after a reconnect;
+ * its shared fields then say where in them it is.
+ */
+export class PresenceList {
+  constructor({ client, chat, people }) {
+    Object.assign(this, { client, chat, people });
+    this.others = new Map(); // clientId -> entry
+    this.el = h('div', { class: 'here', role: 'group', 'aria-label': 'Who is here' });
+    this.onNote = (e) => this.note(e.detail);
+    this.onReconnected = () => this.start();
+    this.onName = () => this.render();
+    client.addEventListener('notification', this.onNote);
+    client.addEventListener('reconnected', this.onReconnected);
+    people.addEventListener('name', this.onName);
+    this.render();
+  }
+
+  /** Say this page is here, then ask who else is. */
+  async start() {
+    this.client.request('tandem/setPresence', { channel: this.chat, state: 'active' }).catch(() => {});
+    try {
+      const r = await this.client.request('tandem/listPresence', { channel: this.chat });
+      if (this.closed) return;
+      this.others.clear();
+      for (const p of r.presence ?? []) this.note({ method: 'tandem/presence', params: p }, false);
+    } catch { /* presence is a nicety */ }
+    this.render();
+  }
+
+  note({ method, params: p }, render = true) {
+    if (method !== 'tandem/presence' || p?.channel !== this.chat || !p.clientId || p.clientId === this.client.clientId) return;
+    if (p.state === 'gone') this.others.delete(p.clientId);
+    else this.others.set(p.clientId, p);
+    if (render) this.render();
+  }
+
+  render() {
+    // One chip a person, however many pages they have open.
+    const people = new Map();
+    for (const p of this.others.values()) {
+      const name = presenceName(p);
+      const key = `${p.subject ?? ''}\n${name}`;
+      const seen = people.get(key);
+      if (!seen || (seen.state !== 'active' && p.state === 'active')) people.set(key, { name, subject: p.subject, state: p.state });
+    }
+    const me = this.people.name || this.people.serverName || 'you';
+    setChildren(this.el,
+      h('span', { class: 'here-label' }, 'Here'),
+      h('span', { class: 'here-person here-me', title: 'You' }, `${me} (you)`),
+      [...people.values()].map((p) => h('span', {
+        class: `here-person here-${p.state === 'idle' ? 'idle' : 'active'}`, 'data-subject': p.subject ?? '', title: p.subject ? `${p.name} (${p.subject})` : p.name,
+      }, p.name)));
+  }
+
+  close() {
+    this.closed = true;
+    this.client.removeEventListener('notification', this.onNote);
+    this.client.removeEventListener('reconnected', this.onReconnected);
+    this.people.removeEventListener('name', this.onName);
   }
 }
 

@@ -45,6 +45,8 @@ pub const ASSETS: &[Asset] = &[
     asset!("/coedit.js", "coedit.js", JS),
     asset!("/admin.js", "admin.js", JS),
     asset!("/people.js", "people.js", JS),
+    asset!("/invites.js", "invites.js", JS),
+    asset!("/activity.js", "activity.js", JS),
 ];
 
 /// Register a GET (and HEAD) route per embedded file.

@@ -391,7 +391,8 @@ test('URL request with a confirm step; deny with a reason; approve for this sess
   await card(p).locator('[data-action="submit"]').click();
   assert.equal(await q(p, 'why').locator('.q-error').textContent(), 'Required.');
   await card(p).locator('[data-action="decline"]').click();
-  await p.waitForSelector('.input-card[data-state="settled"]');
+  // This card, not the URL request settled above (the view renders on the next frame).
+  await card(p).and(p.locator('[data-state="settled"]')).waitFor();
   assert.equal((await card(p).locator('.chip').textContent()).trim(), 'Declined');
   assert.deepEqual(p.errors, []);
   await p.context().close();
