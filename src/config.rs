@@ -86,6 +86,8 @@ pub struct Config {
     /// A session's default access level: of whoever its owner did not set
     /// and whose token names none for it (`--session-access`).
     pub session_access: crate::people::Access,
+    /// Who is told when a request for a person waits (`[notify]`).
+    pub notify: crate::notify::NotifyConfig,
 }
 
 /// Per-server, per-token and per-connection limits. Each names what a client
@@ -211,6 +213,7 @@ impl Default for Config {
             cluster: None,
             tls: None,
             session_access: crate::people::Access::Participant,
+            notify: crate::notify::NotifyConfig::default(),
         }
     }
 }

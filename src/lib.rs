@@ -69,6 +69,7 @@ pub mod interactions;
 pub mod invites;
 pub mod memory;
 pub(crate) mod metrics;
+pub mod notify;
 pub mod people;
 pub mod protocol;
 pub mod providers;

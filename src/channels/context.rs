@@ -41,6 +41,8 @@ pub struct Shared {
     pub homes: super::homes::Homes,
     /// Who may do what in the sessions on this node.
     pub access: super::access::AccessBook,
+    /// Who is told when a request for a person waits.
+    pub notify: crate::notify::Notifier,
     /// The threads restored and followed actors are spread on.
     arbiters: Vec<ArbiterHandle>,
     /// Round-robin position in `arbiters`.
@@ -87,6 +89,7 @@ impl Shared {
             cluster: None,
             homes: Default::default(),
             access: Default::default(),
+            notify: crate::notify::Notifier::off(),
             arbiters,
             next_arbiter: AtomicUsize::new(0),
         })
@@ -96,6 +99,15 @@ impl Shared {
     pub fn with_cluster(mut self, link: Option<Arc<dyn ClusterLink>>) -> Self {
         self.cluster = link;
         self
+    }
+
+    /// Start telling people of the requests that wait for them, the web
+    /// client being at `base` for the links; `guard`: the server listens
+    /// beyond loopback ([`crate::notify::target`]).
+    pub fn with_notifier(mut self, base: String, guard: bool) -> anyhow::Result<Self> {
+        self.notify =
+            crate::notify::Notifier::start(&self.config.notify, base, guard, &self.metrics)?;
+        Ok(self)
     }
 
     /// Whether another node writes `channel` (this one follows it).

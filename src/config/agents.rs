@@ -174,6 +174,130 @@ pub struct ConfigFile {
     /// `[cluster]`: the same as `--cluster`, `--node-id`, `--lease-secs`.
     #[serde(default)]
     pub cluster: Option<ClusterTable>,
+    /// `[notify]` and its `[[notify.webhooks]]`.
+    #[serde(default)]
+    pub notify: Option<NotifyTable>,
+}
+
+/// The `[notify]` table.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyTable {
+    /// Milliseconds a request waits before anyone is told (default 5000).
+    #[serde(default)]
+    pub quiet_delay_ms: Option<u64>,
+    /// The web client's address as people reach it, for links.
+    #[serde(default)]
+    pub public_url: Option<String>,
+    /// Attempts per delivery, the first included (default 5).
+    #[serde(default)]
+    pub retry_attempts: Option<u32>,
+    /// Milliseconds before the second attempt, doubled after each (default
+    /// 1000).
+    #[serde(default)]
+    pub retry_backoff_ms: Option<u64>,
+    /// Milliseconds one attempt may take (default 10000).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// `[[notify.webhooks]]`.
+    #[serde(default)]
+    pub webhooks: Vec<WebhookTable>,
+}
+
+/// One `[[notify.webhooks]]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookTable {
+    /// Its name (logs, metrics, the admin view).
+    pub name: String,
+    /// Where deliveries go (`http` or `https`).
+    pub url: String,
+    /// The sessions it is told of (default: every session).
+    #[serde(default)]
+    pub sessions: Option<Vec<String>>,
+    /// `json` (default) or `slack`.
+    #[serde(default)]
+    pub format: crate::notify::Format,
+    /// `all` (default) or `approvals`.
+    #[serde(default)]
+    pub only: crate::notify::Only,
+    /// Whether deliveries say what is asked and who settled it.
+    #[serde(default)]
+    pub include_content: bool,
+    /// File holding the signing secret (trailing whitespace trimmed).
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// Allow a loopback or link-local target on a server that listens
+    /// beyond loopback.
+    #[serde(default)]
+    pub allow_loopback: bool,
+}
+
+impl NotifyTable {
+    /// The notifications this table declares (secret files read).
+    pub fn config(&self) -> Result<crate::notify::NotifyConfig, String> {
+        let mut c = crate::notify::NotifyConfig::default();
+        if let Some(ms) = self.quiet_delay_ms {
+            c.quiet_delay = Duration::from_millis(ms);
+        }
+        if let Some(u) = &self.public_url {
+            let parsed =
+                url::Url::parse(u).map_err(|e| format!("`notify.public_url` `{u}`: {e}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(format!(
+                    "`notify.public_url` `{u}` must be http:// or https://"
+                ));
+            }
+            c.public_url = Some(u.trim_end_matches('/').to_owned());
+        }
+        if let Some(n) = self.retry_attempts {
+            c.retry.attempts = n.clamp(1, 20);
+        }
+        if let Some(ms) = self.retry_backoff_ms {
+            c.retry.first_backoff = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.timeout_ms {
+            c.retry.timeout = Duration::from_millis(ms.max(1));
+        }
+        let mut names = std::collections::HashSet::new();
+        for w in &self.webhooks {
+            if w.name.trim().is_empty() || !names.insert(w.name.as_str()) {
+                return Err(format!("webhook name `{}` is empty or used twice", w.name));
+            }
+            let url = url::Url::parse(&w.url)
+                .map_err(|e| format!("webhook `{}`: `{}`: {e}", w.name, w.url))?;
+            crate::notify::target::check(&url, false)
+                .map_err(|e| format!("webhook `{}`: {e}", w.name))?;
+            let secret = match &w.secret_file {
+                None => None,
+                Some(p) => {
+                    let text = std::fs::read(p).map_err(|e| {
+                        format!("webhook `{}`: cannot read `{}`: {e}", w.name, p.display())
+                    })?;
+                    let trimmed = text.trim_ascii_end().to_vec();
+                    if trimmed.len() < 16 {
+                        return Err(format!(
+                            "webhook `{}`: the secret in `{}` must be at least 16 bytes",
+                            w.name,
+                            p.display()
+                        ));
+                    }
+                    Some(trimmed)
+                }
+            };
+            c.webhooks.push(crate::notify::WebhookSpec {
+                name: w.name.clone(),
+                url,
+                sessions: w.sessions.clone(),
+                format: w.format,
+                only: w.only,
+                include_content: w.include_content,
+                secret,
+                allow_loopback: w.allow_loopback,
+            });
+        }
+        Ok(c)
+    }
 }
 
 /// The `[cluster]` table.
@@ -213,6 +337,9 @@ impl ConfigFile {
         }
         if let Some(c) = &file.cluster {
             c.config(None)?;
+        }
+        if let Some(n) = &file.notify {
+            n.config()?;
         }
         Ok(file)
     }

@@ -159,7 +159,7 @@ impl Settled {
         }
     }
 
-    pub(super) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Settled::Answered => "answered",
             Settled::Declined => "declined",

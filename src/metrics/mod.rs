@@ -77,6 +77,21 @@ pub struct Metrics {
     /// Requests for a person open now, by chat and id (written when one
     /// opens or ends, read by the admin view).
     waiting: dashmap::DashMap<(String, String), Waiting>,
+    /// Webhook deliveries.
+    pub notify_webhook: NotifyCounters,
+}
+
+/// What one way of notifying counts.
+#[derive(Clone)]
+pub struct NotifyCounters {
+    /// Deliveries the receiver took.
+    pub sent: Counter,
+    /// Deliveries given up after their retries (or refused outright).
+    pub failed: Counter,
+    /// Deliveries dropped unsent (a full queue).
+    pub dropped: Counter,
+    /// From a delivery's first attempt to its end.
+    pub seconds: Histogram,
 }
 
 /// Seconds buckets of the journal's commits: 50 µs to 1 s.
@@ -93,6 +108,9 @@ const GROUP_BUCKETS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 25
 const SETTLE_BUCKETS: [f64; 10] = [
     1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14_400.0, 86_400.0,
 ];
+
+/// Seconds a notification took, retries included: 10 ms to 5 min.
+const NOTIFY_BUCKETS: [f64; 10] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -124,6 +142,12 @@ impl Metrics {
                 b.set_buckets_for_metric(
                     Matcher::Full("tandem_interaction_settle_seconds".into()),
                     &SETTLE_BUCKETS,
+                )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("tandem_notification_seconds".into()),
+                    &NOTIFY_BUCKETS,
                 )
             })
             .expect("the buckets are not empty")
@@ -254,6 +278,33 @@ impl Metrics {
                 &[("kind", k.as_str())],
             )
         });
+        let notifications = "Notifications by channel and outcome: sent, failed (given up after retries), dropped (a full queue).";
+        let notify = |channel: &'static str| {
+            NotifyCounters {
+            sent: r.counter(
+                "tandem_notifications_total",
+                notifications,
+                &[("channel", channel), ("outcome", "sent")],
+            ),
+            failed: r.counter(
+                "tandem_notifications_total",
+                notifications,
+                &[("channel", channel), ("outcome", "failed")],
+            ),
+            dropped: r.counter(
+                "tandem_notifications_total",
+                notifications,
+                &[("channel", channel), ("outcome", "dropped")],
+            ),
+            seconds: r.histogram(
+                "tandem_notification_seconds",
+                "Time from a notification's first attempt to its end (retries included), by channel.",
+                Some(Unit::Seconds),
+                &[("channel", channel)],
+            ),
+        }
+        };
+        let notify_webhook = notify("webhook");
         Self {
             handle: recorder.handle(),
             connections,
@@ -277,6 +328,7 @@ impl Metrics {
             settled,
             settle_seconds,
             waiting: dashmap::DashMap::new(),
+            notify_webhook,
         }
     }
 

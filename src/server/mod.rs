@@ -103,6 +103,9 @@ pub enum StartError {
     /// An unusable `--tls-cert` / `--tls-key`.
     #[error("{0}")]
     Tls(#[from] tls::TlsError),
+    /// A webhook that may not be one.
+    #[error("webhook `{0}`: {1}")]
+    Webhook(String, String),
 }
 
 /// What the start-up checks yield.
@@ -128,6 +131,11 @@ pub fn check_config(config: &Config, addr: SocketAddr) -> Result<Checked, StartE
         .transpose()?;
     if auth.is_none() && !addr.ip().is_loopback() {
         return Err(StartError::Unauthenticated(addr));
+    }
+    for w in &config.notify.webhooks {
+        let guarded = !addr.ip().is_loopback() && !w.allow_loopback;
+        crate::notify::target::check(&w.url, guarded)
+            .map_err(|e| StartError::Webhook(w.name.clone(), e))?;
     }
     let origins = OriginPolicy::new(addr, &config.allowed_origins)?;
     let tls = config.tls.as_ref().map(tls::server_config).transpose()?;
@@ -267,6 +275,10 @@ where
 {
     let addr = listener.local_addr().context("reading the bound address")?;
     let Checked { auth, origins, tls } = check_config(&config, addr)?;
+    let base_url = config.notify.public_url.clone().unwrap_or_else(|| {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{addr}")
+    });
     // With TLS the HTTP server listens on a loopback port of its own, and
     // the public address ends TLS in front of it (`tls`).
     let (listener, tls_stop) = match tls {
@@ -335,7 +347,9 @@ where
                         recovered.seq_floor,
                     )
                     .context("starting the serverSeq numbering")?
-                    .with_cluster(link),
+                    .with_cluster(link)
+                    .with_notifier(base_url, !addr.ip().is_loopback())
+                    .context("starting the notifier")?,
                 );
                 let (root, stats) = ChannelAddr::start_root(&shared, recovered)
                     .await

@@ -29,6 +29,7 @@ mod invites;
 mod lifecycle;
 mod logs;
 mod metrics;
+mod notify;
 mod ordering_and_recovery;
 mod pacing;
 mod people;

@@ -11,6 +11,7 @@ use ahp_types::state::ChatInputResponseKind;
 
 use super::ChatActor;
 use crate::metrics::{InteractionKind, Settled, Waiting};
+use crate::notify::{Opened, Settle};
 
 impl ChatActor {
     /// Count `action` (just published) if it opens or ends a request for a
@@ -31,7 +32,7 @@ impl ChatActor {
                     .clone()
                     .or_else(|| a.request.url.as_ref().map(|u| u.to_string()))
                     .unwrap_or_else(|| "questions".to_owned());
-                return self.opened_one(&a.request.id, kind, title);
+                return self.opened_one(&a.request.id, kind, title, None);
             }
             StateAction::ChatToolCallReady(a) if decided.contains(&a.tool_call_id) => return,
             StateAction::ChatToolCallConfirmed(a)
@@ -41,11 +42,12 @@ impl ChatActor {
                 return
             }
             StateAction::ChatToolCallReady(a) if a.confirmed.is_none() => {
-                let title = match super::tool_name_of(&self.state, &a.tool_call_id) {
+                let tool = super::tool_name_of(&self.state, &a.tool_call_id);
+                let title = match &tool {
                     Some(n) => format!("tool `{n}`"),
                     None => "a tool call".to_owned(),
                 };
-                return self.opened_one(&a.tool_call_id, InteractionKind::Tool, title);
+                return self.opened_one(&a.tool_call_id, InteractionKind::Tool, title, tool);
             }
             StateAction::ChatInputCompleted(a) => {
                 let outcome = match a.response {
@@ -76,6 +78,12 @@ impl ChatActor {
             _ => return,
         };
         metrics.waiting_ended(&self.core.uri, id);
+        self.core.shared.notify.settled(Settle {
+            chat: self.core.uri.to_string(),
+            id: id.to_owned(),
+            outcome,
+            by: None,
+        });
         match self.asked.remove(id) {
             Some((kind, at)) => metrics.interaction_settled(kind, outcome, Some(at.elapsed())),
             // Opened before a restart: how long it waited is not known here.
@@ -95,12 +103,18 @@ impl ChatActor {
         for (id, (kind, at)) in self.asked.drain() {
             metrics.waiting_ended(&self.core.uri, &id);
             metrics.interaction_settled(kind, outcome, Some(at.elapsed()));
+            self.core.shared.notify.settled(Settle {
+                chat: self.core.uri.to_string(),
+                id,
+                outcome,
+                by: None,
+            });
         }
     }
 
     /// Request `id` of `kind` waits for a person from now on (once: a
     /// request replaced with the same id is the same request).
-    fn opened_one(&mut self, id: &str, kind: InteractionKind, title: String) {
+    fn opened_one(&mut self, id: &str, kind: InteractionKind, title: String, tool: Option<String>) {
         if self.asked.contains_key(id) {
             return;
         }
@@ -108,6 +122,14 @@ impl ChatActor {
         self.asked.insert(id.to_owned(), (kind, since));
         let metrics = &self.core.shared.metrics;
         metrics.interaction_opened(kind);
+        self.core.shared.notify.opened(Opened {
+            session: self.session.to_string(),
+            chat: self.core.uri.to_string(),
+            id: id.to_owned(),
+            kind,
+            title: title.clone(),
+            tool,
+        });
         metrics.waiting_opened(Waiting {
             session: self.session.to_string(),
             chat: self.core.uri.to_string(),

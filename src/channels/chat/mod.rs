@@ -410,6 +410,14 @@ impl Actor for ChatActor {
         // Disposed: nothing of it waits for anyone any more.
         if !self.asked.is_empty() {
             self.core.shared.metrics.waiting_chat_gone(&self.core.uri);
+            for id in self.asked.keys() {
+                self.core.shared.notify.settled(crate::notify::Settle {
+                    chat: self.core.uri.to_string(),
+                    id: id.clone(),
+                    outcome: crate::metrics::Settled::Abandoned,
+                    by: None,
+                });
+            }
         }
     }
 }

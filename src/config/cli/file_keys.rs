@@ -64,8 +64,9 @@ fn file_flags(text: &str, given: &clap::ArgMatches) -> Result<Vec<OsString>, Str
         let line = text[..value.span().start].matches('\n').count() + 1;
         let value = value.into_inner();
         match (key.as_str(), &value) {
-            // The tables (`[[agents]]`, `[cluster]`), read by `ConfigFile`.
-            ("agents" | "cluster", _) => continue,
+            // The tables (`[[agents]]`, `[cluster]`, `[notify]`), read by
+            // `ConfigFile`.
+            ("agents" | "cluster" | "notify", _) => continue,
             ("config", _) => {
                 return Err(format!(
                     "line {line}: `config`: a config file cannot name another"

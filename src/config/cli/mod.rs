@@ -450,6 +450,10 @@ impl ServeArgs {
         let secret = self.secret.secret().map_err(invalid)?;
         let cluster = self.cluster(file).map_err(invalid)?;
         let agents = self.agents(file, built_in).map_err(invalid)?;
+        let notify = match file.and_then(|f| f.notify.as_ref()) {
+            Some(t) => t.config().map_err(CliError::Invalid)?,
+            None => Default::default(),
+        };
         let defaults = Config::default();
         let config = Config {
             limits: Limits {
@@ -492,6 +496,7 @@ impl ServeArgs {
             max_frame_bytes: self.max_frame_bytes,
             agents,
             cluster,
+            notify,
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(cert), Some(key)) => Some(super::TlsFiles {
                     cert: cert.clone(),
