@@ -100,6 +100,13 @@ async fn receiver(statuses: Vec<u16>) -> (String, mpsc::UnboundedReceiver<Got>) 
     (url, rx)
 }
 
+/// Start a turn that asks a question; the open request's id.
+async fn ask(c: &mut TestClient, chat: &str, m: &mut ChatMirror) -> String {
+    c.start_turn(chat, ASK).await;
+    c.wait_state(m, |s| open_request_id(s).is_some()).await;
+    open_request_id(&m.state).expect("a request")
+}
+
 async fn next(rx: &mut mpsc::UnboundedReceiver<Got>) -> Got {
     tokio::time::timeout(WAIT, rx.recv())
         .await
@@ -170,9 +177,7 @@ async fn an_ask_and_an_approval_each_reach_the_webhook_once_signed_then_settled(
     let mut m = c.subscribe_chat(&chat).await;
 
     // A question: one signed delivery saying what it asks, with a link.
-    c.start_turn(&chat, ASK).await;
-    c.wait_state(&mut m, |s| open_request_id(s).is_some()).await;
-    let rid = open_request_id(&m.state).expect("a request");
+    let rid = ask(&mut c, &chat, &mut m).await;
     let got = next(&mut rx).await;
     verify(&got);
     let v = got.json();
@@ -226,9 +231,7 @@ async fn an_ask_and_an_approval_each_reach_the_webhook_once_signed_then_settled(
 
     // Exactly once: the webhook's deliveries go out in order, so had either
     // been sent twice, the copy would come before the next request's.
-    c.start_turn(&chat, ASK).await;
-    c.wait_state(&mut m, |s| open_request_id(s).is_some()).await;
-    let third = open_request_id(&m.state).expect("a request");
+    let third = ask(&mut c, &chat, &mut m).await;
     let v = next(&mut rx).await.json();
     assert_eq!(v["type"], "interaction.opened", "{v}");
     assert_eq!(v["interaction"]["id"], third.as_str(), "{v}");
@@ -246,8 +249,7 @@ async fn a_failing_receiver_gets_the_delivery_on_the_third_try() {
     let mut c = server.client("ann-laptop").await;
     let (_, chat) = c.create_session().await;
     let mut m = c.subscribe_chat(&chat).await;
-    c.start_turn(&chat, ASK).await;
-    c.wait_state(&mut m, |s| open_request_id(s).is_some()).await;
+    ask(&mut c, &chat, &mut m).await;
     let tries = [
         next(&mut rx).await,
         next(&mut rx).await,
@@ -289,17 +291,13 @@ async fn a_request_settled_within_the_quiet_delay_is_told_to_nobody() {
     let mut c = server.client("ann-laptop").await;
     let (_, chat) = c.create_session().await;
     let mut m = c.subscribe_chat(&chat).await;
-    c.start_turn(&chat, ASK).await;
-    c.wait_state(&mut m, |s| open_request_id(s).is_some()).await;
-    let first = open_request_id(&m.state).expect("a request");
+    let first = ask(&mut c, &chat, &mut m).await;
     c.dispatch(&chat, answer(&first, "submitted", "quick"))
         .await;
     c.dispatch(&chat, completed(&first)).await;
     c.wait_state(&mut m, |s| s.active_turn.is_none()).await;
     // A second request is left open: the first delivery is its.
-    c.start_turn(&chat, ASK).await;
-    c.wait_state(&mut m, |s| open_request_id(s).is_some()).await;
-    let second = open_request_id(&m.state).expect("a request");
+    let second = ask(&mut c, &chat, &mut m).await;
     let v = next(&mut rx).await.json();
     assert_eq!(v["type"], "interaction.opened", "{v}");
     assert_eq!(
@@ -332,9 +330,7 @@ async fn a_receiver_that_never_answers_does_not_slow_the_chat() {
     let (_, chat) = c.create_session().await;
     let mut m = c.subscribe_chat(&chat).await;
     // Requests whose deliveries hang.
-    c.start_turn(&chat, ASK).await;
-    c.wait_state(&mut m, |s| open_request_id(s).is_some()).await;
-    let rid = open_request_id(&m.state).expect("a request");
+    let rid = ask(&mut c, &chat, &mut m).await;
     tokio::time::timeout(WAIT, reached.recv())
         .await
         .expect("the delivery reaches the receiver");
