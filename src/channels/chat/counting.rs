@@ -31,6 +31,7 @@ impl ChatActor {
                     .message
                     .clone()
                     .or_else(|| a.request.url.as_ref().map(|u| u.to_string()))
+                    .or_else(|| first_question(&a.request))
                     .unwrap_or_else(|| "questions".to_owned());
                 return self.opened_one(&a.request.id, kind, title, None);
             }
@@ -139,4 +140,15 @@ impl ChatActor {
             since,
         });
     }
+}
+
+/// What the first of a request's questions asks, and how many follow.
+fn first_question(r: &ahp_types::state::ChatInputRequest) -> Option<String> {
+    let qs = r.questions.as_ref()?;
+    let first = serde_json::to_value(qs.first()?).ok()?;
+    let message = first.get("message")?.as_str()?.to_owned();
+    Some(match qs.len() {
+        1 => message,
+        n => format!("{message} (+{} more)", n - 1),
+    })
 }
