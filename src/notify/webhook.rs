@@ -25,7 +25,7 @@ use crate::metrics::NotifyCounters;
 const QUEUE: usize = 256;
 
 /// The body's shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     /// Tandem's JSON (documented in `docs/protocol.md`).
@@ -36,7 +36,7 @@ pub enum Format {
 }
 
 /// Which requests a webhook is told of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Only {
     /// Every request for a person.

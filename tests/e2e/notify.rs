@@ -243,6 +243,20 @@ async fn an_ask_and_an_approval_each_reach_the_webhook_once_signed_then_settled(
     let v = next(&mut rx).await.json();
     assert_eq!(v["type"], "interaction.opened", "{v}");
     assert_eq!(v["interaction"]["id"], third.as_str(), "{v}");
+
+    // The admin view lists the webhook (its host only) and its last delivery.
+    let addr = server.addr;
+    let hook = eventually("the admin view shows the last delivery", || async move {
+        let (_, _, body) = http(addr, "GET", "/admin/overview").await;
+        let o: Value = serde_json::from_slice(&body).expect("JSON");
+        let h = o["notify"]["webhooks"][0].clone();
+        (h["last"]["outcome"] == "sent").then_some(h)
+    })
+    .await;
+    assert_eq!(hook["name"], "team");
+    assert_eq!(hook["target"], "http://127.0.0.1", "{hook}");
+    assert_eq!(hook["signed"], true);
+    assert_eq!(hook["last"]["status"], 200);
     server.stop().await;
 }
 

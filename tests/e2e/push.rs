@@ -180,6 +180,12 @@ async fn a_push_arrives_encrypted_and_signed_then_its_end_and_a_410_forgets_the_
     assert_eq!(subscribe(&ann, &browser).await["devices"], 1);
     // The same endpoint again is the same browser.
     assert_eq!(subscribe(&ann, &browser).await["devices"], 1);
+    let (_, _, body) = admin_get(&server, "/admin/overview").await;
+    let o: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(
+        o["notify"]["webPush"],
+        json!({"on": true, "people": 1, "devices": 1})
+    );
 
     // A question while Ann's page says nothing of looking: one push.
     let rid = ask(&mut ann, &chat, &mut m).await;
@@ -437,17 +443,7 @@ async fn only_those_who_may_answer_want_it_and_are_not_looking_are_pushed_to() {
 
 /// Pushes the server delivered, from `/metrics`.
 async fn server_push_count(server: &TestServer) -> u64 {
-    let admin = Authenticator::new(SECRET)
-        .expect("key")
-        .mint(&Claims {
-            sub: "ops".into(),
-            role: Role::Admin,
-            exp: now_secs() + 600,
-            ..Default::default()
-        })
-        .expect("mint");
-    let auth = format!("Bearer {admin}");
-    let (_, _, body) = http_with(server.addr, "GET", "/metrics", &[("Authorization", &auth)]).await;
+    let (_, _, body) = admin_get(server, "/metrics").await;
     let text = String::from_utf8_lossy(&body).into_owned();
     text.lines()
         .filter(|l| {
@@ -458,4 +454,19 @@ async fn server_push_count(server: &TestServer) -> u64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .map(|v| v as u64)
         .sum()
+}
+
+/// `GET path` with an admin token.
+async fn admin_get(server: &TestServer, path: &str) -> (String, String, Vec<u8>) {
+    let admin = Authenticator::new(SECRET)
+        .expect("key")
+        .mint(&Claims {
+            sub: "ops".into(),
+            role: Role::Admin,
+            exp: now_secs() + 600,
+            ..Default::default()
+        })
+        .expect("mint");
+    let auth = format!("Bearer {admin}");
+    http_with(server.addr, "GET", path, &[("Authorization", &auth)]).await
 }
