@@ -217,6 +217,12 @@ async fn an_ask_and_an_approval_each_reach_the_webhook_once_signed_then_settled(
     assert_eq!(v["type"], "interaction.settled", "{v}");
     assert_eq!(v["interaction"]["id"], rid.as_str());
     assert_eq!(v["outcome"], "answered");
+    assert!(
+        v["settledBy"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("guest ")),
+        "who answered, by name: {v}"
+    );
     c.wait_state(&mut m, |s| s.active_turn.is_none()).await;
 
     // A tool approval: opened with the tool's name, then approved.

@@ -225,6 +225,7 @@ async fn a_push_arrives_encrypted_and_signed_then_its_end_and_a_410_forgets_the_
     assert_eq!(v["type"], "settled", "{v}");
     assert_eq!(v["outcome"], "answered");
     assert_eq!(v["tag"], format!("{chat}#{rid}"));
+    assert_eq!(v["settledBy"], "ANN", "who settled it, by name");
     ann.wait_state(&mut m, |s| s.active_turn.is_none()).await;
 
     // The push service says the subscription is gone: it is forgotten.

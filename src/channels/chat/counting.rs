@@ -79,11 +79,12 @@ impl ChatActor {
             _ => return,
         };
         metrics.waiting_ended(&self.core.uri, id);
+        let by = self.settled_by.remove(id);
         self.core.shared.notify.settled(Settle {
             chat: self.core.uri.to_string(),
             id: id.to_owned(),
             outcome,
-            by: None,
+            by,
         });
         match self.asked.remove(id) {
             Some((kind, at)) => metrics.interaction_settled(kind, outcome, Some(at.elapsed())),
@@ -101,6 +102,7 @@ impl ChatActor {
     /// Every request still open ended with its turn.
     fn count_all_ended(&mut self, outcome: Settled) {
         let metrics = self.core.shared.metrics.clone();
+        self.settled_by.clear();
         for (id, (kind, at)) in self.asked.drain() {
             metrics.waiting_ended(&self.core.uri, &id);
             metrics.interaction_settled(kind, outcome, Some(at.elapsed()));
