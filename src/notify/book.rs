@@ -3,8 +3,10 @@
 //! Push, with what their credential allowed when they registered, and
 //! their choice per session (all, approvals only, off).
 //!
-//! Keys: `push/people/<subject>` (a [`Holder`], JSON), and
-//! `notify/modes/<subject>` (session → [`Mode`], JSON).
+//! Keys: `push/people/<subject>` (a [`Holder`], JSON),
+//! `notify/modes/<subject>` (session → [`Mode`], JSON), and
+//! `notify/webhooks/<session>` (the webhooks its owners added, with their
+//! secrets: [`SessionHook`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +22,61 @@ pub const MAX_DEVICES: usize = 10;
 
 const PEOPLE: &str = "push/people/";
 const MODES: &str = "notify/modes/";
+const HOOKS: &str = "notify/webhooks/";
+
+/// Webhooks one session may have.
+pub const MAX_SESSION_HOOKS: usize = 10;
+
+/// A webhook an owner added to their session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionHook {
+    /// Its id.
+    pub id: String,
+    /// Where deliveries go.
+    pub url: String,
+    /// The body's shape.
+    pub format: super::Format,
+    /// Which requests.
+    pub only: super::Only,
+    /// Whether deliveries say what is asked and who settled it.
+    pub include_content: bool,
+    /// The signing secret (base64), shown once when it is added.
+    pub secret: String,
+    /// Who added it (name and subject).
+    pub created_by: serde_json::Value,
+    /// When (Unix seconds).
+    pub created_at_secs: u64,
+}
+
+impl SessionHook {
+    /// As the notifier delivers to it, for `session` only (`None`: its
+    /// stored URL no longer parses).
+    pub fn spec(&self, session: &str) -> Option<super::WebhookSpec> {
+        use base64::Engine;
+        Some(super::WebhookSpec {
+            name: format!("session webhook {}", self.id),
+            url: url::Url::parse(&self.url).ok()?,
+            sessions: Some(vec![session.to_owned()]),
+            format: self.format,
+            only: self.only,
+            include_content: self.include_content,
+            secret: base64::engine::general_purpose::STANDARD
+                .decode(&self.secret)
+                .ok(),
+            allow_loopback: false,
+        })
+    }
+
+    /// As owners list it: without the secret.
+    pub fn listed(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(m) = v.as_object_mut() {
+            m.remove("secret");
+        }
+        v
+    }
+}
 
 /// What a person wants to be told of in a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -228,6 +285,58 @@ impl Book {
         } else {
             self.settings.put(&key, &encode(&modes))
         }
+    }
+}
+
+impl Book {
+    /// The webhooks owners added to `session`.
+    pub fn session_hooks(&self, session: &str) -> Result<Vec<SessionHook>, JournalError> {
+        let key = format!("{HOOKS}{session}");
+        Ok(self
+            .settings
+            .get(&key)?
+            .map(|v| decode(&key, &v))
+            .transpose()?
+            .unwrap_or_default())
+    }
+
+    /// Add `hook` to `session`'s webhooks; `Ok(None)` when it holds
+    /// [`MAX_SESSION_HOOKS`] already.
+    pub fn add_session_hook(
+        &self,
+        session: &str,
+        hook: SessionHook,
+    ) -> Result<Option<Vec<SessionHook>>, JournalError> {
+        let mut all = self.session_hooks(session)?;
+        if all.len() >= MAX_SESSION_HOOKS {
+            return Ok(None);
+        }
+        all.push(hook);
+        self.settings
+            .put(&format!("{HOOKS}{session}"), &encode(&all))?;
+        Ok(Some(all))
+    }
+
+    /// Remove webhook `id` from `session`; `Ok(None)` when it has none so
+    /// named.
+    pub fn remove_session_hook(
+        &self,
+        session: &str,
+        id: &str,
+    ) -> Result<Option<Vec<SessionHook>>, JournalError> {
+        let mut all = self.session_hooks(session)?;
+        let before = all.len();
+        all.retain(|h| h.id != id);
+        if all.len() == before {
+            return Ok(None);
+        }
+        let key = format!("{HOOKS}{session}");
+        if all.is_empty() {
+            self.settings.delete(&key)?;
+        } else {
+            self.settings.put(&key, &encode(&all))?;
+        }
+        Ok(Some(all))
     }
 }
 

@@ -147,16 +147,20 @@ type Told = Arc<std::sync::OnceLock<Arc<dyn Audience>>>;
 pub struct Notifier {
     tx: Option<mpsc::UnboundedSender<Event>>,
     webhooks: Vec<(WebhookSpec, Arc<parking_lot::Mutex<Option<LastDelivery>>>)>,
-    push: Option<PushSide>,
+    /// The people's records (`None`: a notifier that tells nobody).
+    book: Option<Arc<Book>>,
+    /// The VAPID public key, when Web Push is on.
+    public: Option<String>,
+    /// The server listens beyond loopback.
+    guarded: bool,
+    /// Sessions' own webhooks' last deliveries, by webhook id.
+    session_last: SessionLast,
     audience: Told,
 }
 
-/// What the server's methods use of Web Push.
-struct PushSide {
-    public: String,
-    book: Arc<Book>,
-    guarded: bool,
-}
+/// Last deliveries of sessions' own webhooks, by id.
+type SessionLast =
+    Arc<parking_lot::Mutex<HashMap<String, Arc<parking_lot::Mutex<Option<LastDelivery>>>>>>;
 
 impl Notifier {
     /// A notifier for `config`, its thread started when there is anyone to
@@ -171,11 +175,14 @@ impl Notifier {
         metrics: &Metrics,
         settings: Option<Arc<dyn crate::store::Settings>>,
     ) -> anyhow::Result<Self> {
-        let push = if config.web_push {
-            let settings = settings.unwrap_or_else(|| {
-                tracing::info!("no store: push subscriptions are kept in memory");
-                Arc::new(crate::store::MemorySettings::default())
-            });
+        let settings = settings.unwrap_or_else(|| {
+            tracing::info!(
+                "no store: push subscriptions and sessions' webhooks are kept in memory"
+            );
+            Arc::new(crate::store::MemorySettings::default())
+        });
+        let book = Arc::new(Book::new(settings.clone()));
+        let keys = if config.web_push {
             let contact = config
                 .push_contact
                 .clone()
@@ -183,13 +190,12 @@ impl Notifier {
                 .unwrap_or_else(|| "mailto:tandem@localhost".into());
             let keys = PushKeys::load(&*settings, contact)
                 .map_err(|e| anyhow::anyhow!("the Web Push key: {e}"))?;
-            Some((Arc::new(keys), Arc::new(Book::new(settings))))
+            Some(Arc::new(keys))
         } else {
             None
         };
-        if config.webhooks.is_empty() && push.is_none() {
-            return Ok(Self::off());
-        }
+        let session_last: SessionLast = Arc::default();
+        let lasts = session_last.clone();
         let open = client(config.retry.timeout, false)?;
         let guarded = client(config.retry.timeout, true)?;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -200,7 +206,8 @@ impl Notifier {
         let loop_tx = tx.clone();
         let audience: Told = Arc::default();
         let heard = audience.clone();
-        let pushing = push.clone();
+        let pushing = keys.clone();
+        let records = book.clone();
         std::thread::Builder::new()
             .name("tandem-notify".into())
             .spawn(move || {
@@ -227,7 +234,7 @@ impl Notifier {
                             Webhook::start(s.clone(), c.clone(), cfg.retry, counters.clone())
                         })
                         .collect();
-                    let people = pushing.map(|(keys, book)| {
+                    let pusher = pushing.map(|keys| {
                         let (ended_tx, mut ended) = mpsc::unbounded_channel();
                         let back = loop_tx.clone();
                         tokio::spawn(async move {
@@ -236,24 +243,27 @@ impl Notifier {
                             }
                         });
                         let c = if guard { &guarded } else { &open };
-                        People {
-                            pusher: Pusher::start(
-                                keys,
-                                c.clone(),
-                                cfg.retry,
-                                push_counters,
-                                ended_tx,
-                            ),
-                            book,
-                            audience: heard,
-                        }
+                        Pusher::start(keys, c.clone(), cfg.retry, push_counters, ended_tx)
                     });
+                    let people = People {
+                        pusher,
+                        book: records,
+                        audience: heard,
+                    };
+                    let sessions = SessionHooks {
+                        client: if guard { guarded.clone() } else { open.clone() },
+                        retry: cfg.retry,
+                        counters: counters.clone(),
+                        hooks: HashMap::new(),
+                        last: lasts,
+                    };
                     let _ = ready_tx.send(Ok(hooks
                         .iter()
                         .map(|h| (h.spec.clone(), h.last.clone()))
                         .collect()));
                     Dispatch {
                         hooks,
+                        sessions,
                         people,
                         quiet: cfg.quiet_delay,
                         base,
@@ -271,11 +281,10 @@ impl Notifier {
         Ok(Self {
             tx: Some(tx),
             webhooks,
-            push: push.map(|(keys, book)| PushSide {
-                public: keys.public.clone(),
-                book,
-                guarded: guard,
-            }),
+            book: Some(book),
+            public: keys.map(|k| k.public.clone()),
+            guarded: guard,
+            session_last,
             audience,
         })
     }
@@ -285,7 +294,10 @@ impl Notifier {
         Self {
             tx: None,
             webhooks: Vec::new(),
-            push: None,
+            book: None,
+            public: None,
+            guarded: false,
+            session_last: Arc::default(),
             audience: Arc::default(),
         }
     }
@@ -306,19 +318,28 @@ impl Notifier {
 
     /// The server's VAPID public key, when Web Push is on.
     pub fn push_key(&self) -> Option<&str> {
-        self.push.as_ref().map(|p| p.public.as_str())
+        self.public.as_deref()
     }
 
-    /// The people's records, when Web Push is on (their store calls
-    /// block: run them off the serving threads).
+    /// The people's and sessions' records (their store calls block: run
+    /// them off the serving threads).
     pub fn book(&self) -> Option<&Arc<Book>> {
-        self.push.as_ref().map(|p| &p.book)
+        self.book.as_ref()
     }
 
-    /// Whether push endpoints must be https and not loopback (the server
-    /// listens beyond loopback).
+    /// Whether push endpoints and sessions' webhooks must not be loopback
+    /// and push endpoints must be https (the server listens beyond
+    /// loopback).
     pub fn guarded(&self) -> bool {
-        self.push.as_ref().is_some_and(|p| p.guarded)
+        self.guarded
+    }
+
+    /// The last delivery of a session's webhook `id`, if it made one.
+    pub fn session_hook_last(&self, id: &str) -> Option<LastDelivery> {
+        self.session_last
+            .lock()
+            .get(id)
+            .and_then(|l| l.lock().clone())
     }
 
     /// Request `o` waits for a person from now on.
@@ -377,20 +398,76 @@ struct Open {
     told: Option<Vec<usize>>,
     /// The people pushed to (by subject).
     pushed: HashSet<String>,
+    /// The session's own webhooks told of it (by id).
+    session_told: Vec<String>,
     /// A check of who to tell is scheduled.
     due: bool,
 }
 
-/// Web Push: the worker, the records, the server's answers.
+/// Web Push: the worker (when it is on), the records, the server's
+/// answers.
 struct People {
-    pusher: Pusher,
+    pusher: Option<Pusher>,
     book: Arc<Book>,
     audience: Told,
 }
 
+/// The webhooks owners added to their sessions, started as they are
+/// first needed.
+struct SessionHooks {
+    client: reqwest::Client,
+    retry: Retry,
+    counters: crate::metrics::NotifyCounters,
+    hooks: HashMap<String, Webhook>,
+    last: SessionLast,
+}
+
+impl SessionHooks {
+    /// Tell `open` to the webhooks of its session that want it.
+    fn tell(&mut self, book: &Book, open: &mut Open, link: &str) {
+        let listed = match book.session_hooks(&open.opened.session) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "a session's webhooks could not be read");
+                return;
+            }
+        };
+        for h in listed {
+            let Some(spec) = h.spec(&open.opened.session) else {
+                continue;
+            };
+            if !spec.wants(&open.opened) {
+                continue;
+            }
+            let hook = self.hooks.entry(h.id.clone()).or_insert_with(|| {
+                let w =
+                    Webhook::start(spec, self.client.clone(), self.retry, self.counters.clone());
+                self.last.lock().insert(h.id.clone(), w.last.clone());
+                w
+            });
+            let id = uuid::Uuid::now_v7().to_string();
+            let body = hook.spec.body(&id, &open.opened, None, link);
+            hook.send(Delivery { id, body });
+            open.session_told.push(h.id);
+        }
+    }
+
+    /// Tell the webhooks told of `open` how it ended.
+    fn settled(&self, open: &Open, s: &Settle, link: &str) {
+        for id in &open.session_told {
+            if let Some(hook) = self.hooks.get(id) {
+                let d = uuid::Uuid::now_v7().to_string();
+                let body = hook.spec.body(&d, &open.opened, Some(s), link);
+                hook.send(Delivery { id: d, body });
+            }
+        }
+    }
+}
+
 struct Dispatch {
     hooks: Vec<Webhook>,
-    people: Option<People>,
+    sessions: SessionHooks,
+    people: People,
     quiet: Duration,
     base: String,
     open: HashMap<(String, String), Open>,
@@ -406,10 +483,8 @@ impl Dispatch {
                 Event::Settled(s) => self.settled(s),
                 Event::Away(chat) => self.away(&chat),
                 Event::Ended((subject, endpoint)) => {
-                    if let Some(p) = &self.people {
-                        if let Err(e) = p.book.unsubscribe(&subject, &endpoint) {
-                            tracing::warn!(error = %e, "an ended push subscription could not be forgotten");
-                        }
+                    if let Err(e) = self.people.book.unsubscribe(&subject, &endpoint) {
+                        tracing::warn!(error = %e, "an ended push subscription could not be forgotten");
                     }
                 }
             }
@@ -427,6 +502,7 @@ impl Dispatch {
                 opened: o,
                 told: None,
                 pushed: HashSet::new(),
+                session_told: Vec::new(),
                 due: false,
             },
         );
@@ -478,10 +554,9 @@ impl Dispatch {
                 }
             }
             open.told = Some(told);
+            self.sessions.tell(&self.people.book, open, &link);
         }
-        if let Some(people) = &self.people {
-            people.tell(open, &link);
-        }
+        self.people.tell(open, &link);
     }
 
     fn settled(&mut self, s: Settle) {
@@ -495,16 +570,15 @@ impl Dispatch {
             let body = h.spec.body(&id, &open.opened, Some(&s), &link);
             h.send(Delivery { id, body });
         }
-        if let Some(people) = &self.people {
-            people.withdraw(&open, &s);
-        }
+        self.sessions.settled(&open, &s, &link);
+        self.people.withdraw(&open, &s);
     }
 }
 
 impl People {
     /// Push `open` to everyone who should hear of it now and has not.
     fn tell(&self, open: &mut Open, link: &str) {
-        let Some(audience) = self.audience.get() else {
+        let (Some(audience), Some(pusher)) = (self.audience.get(), &self.pusher) else {
             return;
         };
         let o = &open.opened;
@@ -554,7 +628,7 @@ impl People {
                 continue;
             }
             for device in &h.devices {
-                self.pusher.send(Push {
+                pusher.send(Push {
                     subject: h.subject.clone(),
                     device: device.clone(),
                     payload: payload.clone(),
@@ -568,6 +642,9 @@ impl People {
 
     /// Tell everyone pushed to of `open` how it ended.
     fn withdraw(&self, open: &Open, s: &Settle) {
+        let Some(pusher) = &self.pusher else {
+            return;
+        };
         let o = &open.opened;
         let mut body = serde_json::json!({
             "type": "settled",
@@ -587,7 +664,7 @@ impl People {
                 continue;
             };
             for device in h.devices {
-                self.pusher.send(Push {
+                pusher.send(Push {
                     subject: subject.clone(),
                     device,
                     payload: payload.clone(),

@@ -56,6 +56,12 @@ pub const SET_NOTIFY: &str = "tandem/setNotify";
 pub const PUSH_SUBSCRIBE: &str = "tandem/pushSubscribe";
 /// Tandem extension: forget a browser registered for Web Push.
 pub const PUSH_UNSUBSCRIBE: &str = "tandem/pushUnsubscribe";
+/// Tandem extension: an owner adds a webhook to their session.
+pub const ADD_WEBHOOK: &str = "tandem/addWebhook";
+/// Tandem extension: a session's own webhooks.
+pub const LIST_WEBHOOKS: &str = "tandem/listWebhooks";
+/// Tandem extension: an owner removes a webhook of their session.
+pub const REMOVE_WEBHOOK: &str = "tandem/removeWebhook";
 
 /// Decode a method's params into its `ahp-types` struct; a mismatch is
 /// `-32602 Invalid params` naming the method and serde's reason.

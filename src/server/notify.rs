@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use super::connection::Connection;
 use super::AppState;
 use crate::ids::ChannelUri;
-use crate::notify::book::{Holder, Mode, ViaInvite};
+use crate::notify::book::{Holder, Mode, SessionHook, ViaInvite};
 use crate::notify::push::Subscription;
 use crate::notify::Audience;
 use crate::people::Access;
@@ -203,6 +203,9 @@ impl Connection {
         ctx: &mut actix::Context<Self>,
     ) -> Result<(), RpcError> {
         let notify = &self.app.shared.notify;
+        if notify.push_key().is_none() {
+            return Err(push_off());
+        }
         let book = notify.book().cloned().ok_or_else(push_off)?;
         let device = p
             .subscription
@@ -249,6 +252,170 @@ impl Connection {
             .ok_or_else(push_off)?;
         let answer = on_book(Some(book), move |b| b.unsubscribe(&who, &p.endpoint));
         self.reply_when(id, answer, ctx, |n| json!({ "devices": n.unwrap_or(0) }));
+        Ok(())
+    }
+}
+
+/// `tandem/addWebhook` params.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct AddWebhookParams {
+    channel: ChannelUri,
+    url: String,
+    #[serde(default)]
+    format: crate::notify::Format,
+    #[serde(default)]
+    only: crate::notify::Only,
+    #[serde(default)]
+    include_content: bool,
+}
+
+/// `tandem/removeWebhook` params.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RemoveWebhookParams {
+    channel: ChannelUri,
+    id: String,
+}
+
+/// A session's webhooks as its owners list them, each with its last
+/// delivery.
+fn hooks_json(notify: &crate::notify::Notifier, hooks: &[SessionHook]) -> Value {
+    let listed: Vec<Value> = hooks
+        .iter()
+        .map(|h| {
+            let mut v = h.listed();
+            v["last"] = json!(notify.session_hook_last(&h.id));
+            v
+        })
+        .collect();
+    json!({ "webhooks": listed })
+}
+
+impl Connection {
+    /// The session named, checked, and the caller an owner there.
+    fn owner_of(
+        &self,
+        channel: &ChannelUri,
+        what: &str,
+    ) -> Result<crate::people::Person, RpcError> {
+        self.notify_session(channel)?;
+        let by = self
+            .person()
+            .ok_or_else(|| RpcError::invalid_request("webhooks need `initialize` first"))?;
+        let shared = &self.app.shared;
+        shared
+            .access
+            .permit(
+                channel,
+                Some(&by),
+                shared.config.session_access,
+                Access::Owner,
+                what,
+            )
+            .map_err(|r| RpcError::new(crate::protocol::errors::PERMISSION_DENIED, r.0))?;
+        Ok(by)
+    }
+
+    /// `tandem/addWebhook`: the webhook with its `secret`, shown only here.
+    pub(super) fn add_webhook(
+        &mut self,
+        id: Option<Value>,
+        p: AddWebhookParams,
+        ctx: &mut actix::Context<Self>,
+    ) -> Result<(), RpcError> {
+        let by = self.owner_of(&p.channel, "`tandem/addWebhook`")?;
+        let notify = &self.app.shared.notify;
+        let url = url::Url::parse(&p.url)
+            .map_err(|e| RpcError::invalid_params(format!("`url` `{}`: {e}", p.url)))?;
+        crate::notify::target::check(&url, notify.guarded())
+            .map_err(|e| RpcError::invalid_params(format!("`url`: {e}")))?;
+        let book = notify.book().cloned().ok_or_else(push_off)?;
+        let secret = {
+            use base64::Engine;
+            let mut bytes = uuid::Uuid::new_v4().as_bytes().to_vec();
+            bytes.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        };
+        let hook = SessionHook {
+            id: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
+            url: url.to_string(),
+            format: p.format,
+            only: p.only,
+            include_content: p.include_content,
+            secret,
+            created_by: json!({"name": by.name, "subject": by.subject}),
+            created_at_secs: crate::auth::now_secs(),
+        };
+        let session = p.channel.to_string();
+        let added = hook.clone();
+        let answer = async move {
+            match on_book(Some(book), move |b| b.add_session_hook(&session, added)).await? {
+                Some(Some(_)) => Ok(()),
+                _ => Err(RpcError::invalid_request(format!(
+                    "the session holds {} webhooks already",
+                    crate::notify::book::MAX_SESSION_HOOKS
+                ))),
+            }
+        };
+        self.reply_when(id, answer, ctx, move |()| {
+            let mut v = hook.listed();
+            v["secret"] = hook.secret.clone().into();
+            v
+        });
+        Ok(())
+    }
+
+    /// `tandem/listWebhooks`: `{webhooks}` without their secrets.
+    pub(super) fn list_webhooks(
+        &mut self,
+        id: Option<Value>,
+        channel: ChannelUri,
+        ctx: &mut actix::Context<Self>,
+    ) -> Result<(), RpcError> {
+        self.owner_of(&channel, "`tandem/listWebhooks`")?;
+        let book = self
+            .app
+            .shared
+            .notify
+            .book()
+            .cloned()
+            .ok_or_else(push_off)?;
+        let session = channel.to_string();
+        let answer = on_book(Some(book), move |b| b.session_hooks(&session));
+        let app = self.app.clone();
+        self.reply_when(id, answer, ctx, move |hooks| {
+            hooks_json(&app.shared.notify, &hooks.unwrap_or_default())
+        });
+        Ok(())
+    }
+
+    /// `tandem/removeWebhook`: the listing left.
+    pub(super) fn remove_webhook(
+        &mut self,
+        id: Option<Value>,
+        p: RemoveWebhookParams,
+        ctx: &mut actix::Context<Self>,
+    ) -> Result<(), RpcError> {
+        self.owner_of(&p.channel, "`tandem/removeWebhook`")?;
+        let book = self
+            .app
+            .shared
+            .notify
+            .book()
+            .cloned()
+            .ok_or_else(push_off)?;
+        let (session, hook) = (p.channel.to_string(), p.id);
+        let answer = async move {
+            match on_book(Some(book), move |b| b.remove_session_hook(&session, &hook)).await? {
+                Some(Some(left)) => Ok(left),
+                _ => Err(RpcError::invalid_params("no such webhook in this session")),
+            }
+        };
+        let app = self.app.clone();
+        self.reply_when(id, answer, ctx, move |left| {
+            hooks_json(&app.shared.notify, &left)
+        });
         Ok(())
     }
 }

@@ -91,6 +91,12 @@ impl Connection {
             m::SET_NOTIFY => self.set_notify(id, decode_params(method, params)?, ctx),
             m::PUSH_SUBSCRIBE => self.push_subscribe(id, decode_params(method, params)?, ctx),
             m::PUSH_UNSUBSCRIBE => self.push_unsubscribe(id, decode_params(method, params)?, ctx),
+            m::ADD_WEBHOOK => self.add_webhook(id, decode_params(method, params)?, ctx),
+            m::LIST_WEBHOOKS => {
+                let p: ChannelParams = decode_params(method, params)?;
+                self.list_webhooks(id, p.channel, ctx)
+            }
+            m::REMOVE_WEBHOOK => self.remove_webhook(id, decode_params(method, params)?, ctx),
             other => Err(RpcError::method_not_found(other)),
         }
     }

@@ -154,9 +154,13 @@ fn notifying(hooks: Vec<WebhookSpec>, quiet: Duration) -> Config {
 /// The delivery's signature checks out with the webhook's secret, computed
 /// here from the Standard Webhooks definition.
 fn verify(got: &Got) {
+    verify_with(got, SECRET)
+}
+
+fn verify_with(got: &Got, secret: &[u8]) {
     let id = &got.headers["webhook-id"];
     let ts = &got.headers["webhook-timestamp"];
-    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(SECRET).expect("key");
+    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret).expect("key");
     mac.update(format!("{id}.{ts}.").as_bytes());
     mac.update(&got.body);
     let want = format!(
@@ -423,4 +427,110 @@ fn a_webhook_at_this_machine_is_refused_on_a_server_others_can_reach() {
     let (code, err) = run("ftp://example.com/", false);
     assert_eq!(code, Some(1));
     assert!(err.contains("http:// or https://"), "{err}");
+}
+
+/// An owner adds a webhook to their session (`tandem/addWebhook`): it is
+/// told of that session's requests, signed with the secret shown once; it
+/// is listed without the secret and with its last delivery; others may not
+/// add, list or remove; a removed one is told nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_adds_a_webhook_to_their_session() {
+    use super::people::{rpc_refusal, token, SECRET as AUTH};
+    use serde_json::json;
+    let (url, mut rx) = receiver(vec![]).await;
+    let mut config = notifying(vec![], Duration::from_millis(50));
+    config.auth_secret = Some(AUTH.to_vec());
+    let server = TestServer::start_with(config).await;
+    let connect = |id: &'static str, t: String| {
+        let u = format!("{}?token={t}", server.url());
+        async move { TestClient::connect(&u, id).await }
+    };
+    let mut ann = connect("ann-laptop", token("ann", "Ann", None)).await;
+    let (session, chat) = ann.create_session().await;
+    let pat = connect("pat-phone", token("pat", "Pat", None)).await;
+    let mut m = ann.subscribe_chat(&chat).await;
+
+    let add = |c: &TestClient, path: &str| {
+        let params =
+            json!({"channel": session, "url": format!("{url}/{path}"), "includeContent": true});
+        let client = c.client.clone();
+        async move { client.request("tandem/addWebhook", params).await }
+    };
+    let (code, why) = rpc_refusal(add(&pat, "pat").await);
+    assert_eq!(code, -32009, "{why}");
+    assert!(why.contains("owner"), "{why}");
+    let (code, _) = rpc_refusal(
+        pat.client
+            .request("tandem/listWebhooks", json!({"channel": session}))
+            .await,
+    );
+    assert_eq!(code, -32009);
+    let added: Value = add(&ann, "a").await.expect("added");
+    let secret = base64::engine::general_purpose::STANDARD
+        .decode(added["secret"].as_str().expect("a secret"))
+        .expect("base64");
+    assert_eq!(added["createdBy"]["name"], "Ann");
+
+    let rid = ask(&mut ann, &chat, &mut m).await;
+    let got = next(&mut rx).await;
+    assert_eq!(got.path, "/hook/a");
+    verify_with(&got, &secret);
+    let v = got.json();
+    assert_eq!(
+        (v["type"].as_str(), v["interaction"]["id"].as_str()),
+        (Some("interaction.opened"), Some(rid.as_str()))
+    );
+    assert_eq!(v["interaction"]["title"], "Name?");
+    c_answer(&ann, &chat, &rid).await;
+    let got = next(&mut rx).await;
+    verify_with(&got, &secret);
+    assert_eq!(got.json()["type"], "interaction.settled");
+    ann.wait_state(&mut m, |s| s.active_turn.is_none()).await;
+
+    // Listed without its secret, with its last delivery.
+    let ann_ref = &ann;
+    let session_ref = &session;
+    let listed = eventually("the listing shows the last delivery", || async move {
+        let l: Value = ann_ref
+            .client
+            .request("tandem/listWebhooks", json!({"channel": session_ref}))
+            .await
+            .expect("list");
+        (l["webhooks"][0]["last"]["outcome"] == "sent").then_some(l)
+    })
+    .await;
+    assert_eq!(listed["webhooks"].as_array().map(Vec::len), Some(1));
+    assert!(listed["webhooks"][0].get("secret").is_none(), "{listed}");
+
+    // Removed, then another added: only the other is told from now on.
+    let id = added["id"].clone();
+    let left: Value = ann
+        .client
+        .request(
+            "tandem/removeWebhook",
+            json!({"channel": session, "id": id}),
+        )
+        .await
+        .expect("removed");
+    assert_eq!(left["webhooks"], json!([]));
+    let (code, _) = rpc_refusal(
+        ann.client
+            .request(
+                "tandem/removeWebhook",
+                json!({"channel": session, "id": id}),
+            )
+            .await,
+    );
+    assert_eq!(code, -32602);
+    add(&ann, "b").await.expect("added");
+    let rid = ask(&mut ann, &chat, &mut m).await;
+    assert_eq!(next(&mut rx).await.path, "/hook/b");
+    c_answer(&ann, &chat, &rid).await;
+    assert_eq!(next(&mut rx).await.path, "/hook/b");
+    server.stop().await;
+}
+
+async fn c_answer(c: &TestClient, chat: &str, rid: &str) {
+    c.dispatch(chat, answer(rid, "submitted", "Tandem")).await;
+    c.dispatch(chat, completed(rid)).await;
 }

@@ -97,10 +97,12 @@ impl ChatActor {
         }
         match action {
             StateAction::ChatInputCompleted(a) => {
-                self.settled_by.insert(a.request_id.clone(), by.name.clone());
+                self.settled_by
+                    .insert(a.request_id.clone(), by.name.clone());
             }
             StateAction::ChatToolCallConfirmed(a) => {
-                self.settled_by.insert(a.tool_call_id.clone(), by.name.clone());
+                self.settled_by
+                    .insert(a.tool_call_id.clone(), by.name.clone());
             }
             _ => {}
         }
