@@ -47,6 +47,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("/people.js", "people.js", JS),
     asset!("/invites.js", "invites.js", JS),
     asset!("/activity.js", "activity.js", JS),
+    asset!("/presence.js", "presence.js", JS),
 ];
 
 /// Register a GET (and HEAD) route per embedded file.
