@@ -14,6 +14,7 @@ import { AdminView } from './admin.js';
 import { People, SessionAccess, PresenceList, nameField, tokenClaims, can, roleNote, authorOf, actOf, actText, actsIn } from './people.js';
 import { InviteScreen, ShareDialog, endedPage, guestId, inviteOf, inviteRefusal, inviteSocketUrl } from './invites.js';
 import { ActivityPanel } from './activity.js';
+import { NotifyControl, registerWorker } from './notify.js';
 
 // A server with a secret wants a bearer token on the upgrade; a browser passes
 // it as `?token=…`, taken here from the page's own URL (`/?token=…#/`).
@@ -454,9 +455,11 @@ class ChatView {
       class: 'btn btn-small btn-primary', type: 'button', 'data-action': 'share', hidden: true,
       title: 'Invite people with a link', onclick: () => this.openShare(),
     }, 'Share');
-    this.barEl = h('div', { class: 'session-bar' }, this.hereEl, h('div', { class: 'session-actions' }, this.activityBtn, this.shareBtn));
+    // Be told in this browser when the agent needs this person here.
+    this.notify = new NotifyControl({ client, session: this.session });
+    this.barEl = h('div', { class: 'session-bar' }, this.hereEl, h('div', { class: 'session-actions' }, this.notify.button, this.activityBtn, this.shareBtn));
 
-    this.el = h('div', { class: 'page chat-page' }, this.barEl, this.scrollEl, this.composer, this.activity.el);
+    this.el = h('div', { class: 'page chat-page' }, this.barEl, this.scrollEl, this.composer, this.activity.el, this.notify.panel);
     this.onChange = (e) => {
       if (e.detail.uri === this.chat || e.detail.uri === this.session) this.schedule();
     };
@@ -673,6 +676,7 @@ class ChatView {
     this.access.close();
     this.presence?.close();
     this.activity.dispose();
+    this.notify.dispose();
     this.share?.dispose();
     this.draftField?.close();
     if (this.frame) cancelAnimationFrame(this.frame);
@@ -760,3 +764,5 @@ async function startAsGuest() {
 
 if (invite) startAsGuest();
 else connect();
+// The worker that shows this person's notifications (web/sw.js).
+registerWorker().catch((e) => console.warn('the service worker did not register', e));

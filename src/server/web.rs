@@ -48,6 +48,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("/invites.js", "invites.js", JS),
     asset!("/activity.js", "activity.js", JS),
     asset!("/presence.js", "presence.js", JS),
+    asset!("/notify.js", "notify.js", JS),
     // At the root, so its scope is the whole page.
     asset!("/sw.js", "sw.js", JS),
 ];
