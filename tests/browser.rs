@@ -88,6 +88,7 @@ async fn the_web_client_is_served_from_the_binary() {
         ("/activity.js", "text/javascript; charset=utf-8"),
         ("/presence.js", "text/javascript; charset=utf-8"),
         ("/notify.js", "text/javascript; charset=utf-8"),
+        ("/waiting.js", "text/javascript; charset=utf-8"),
         ("/sw.js", "text/javascript; charset=utf-8"),
         ("/favicon.svg", "image/svg+xml"),
     ] {

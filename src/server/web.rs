@@ -49,6 +49,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("/activity.js", "activity.js", JS),
     asset!("/presence.js", "presence.js", JS),
     asset!("/notify.js", "notify.js", JS),
+    asset!("/waiting.js", "waiting.js", JS),
     // At the root, so its scope is the whole page.
     asset!("/sw.js", "sw.js", JS),
 ];
