@@ -392,11 +392,15 @@ export class SharedField {
     sendPresence(this.client, params).catch(() => {});
   }
 
-  /** The person left every field: still here, but away. */
+  /**
+   * The person left every field, not the chat: here, in no text. Not
+   * `idle`, which tells the server nobody is looking (a person reading the
+   * chat, or pressing a card's button, would be sent their requests).
+   */
   away() {
     if (!this.active) return;
     clearTimeout(this.presenceTimer);
-    sendPresence(this.client, { channel: this.chat, target: this.target, state: 'idle' }).catch(() => {});
+    sendPresence(this.client, { channel: this.chat, state: 'active' }).catch(() => {});
   }
 
   note({ method, params: p }) {
