@@ -9,7 +9,7 @@
 //! | [`channels`] | root, session and chat actors; their one commit path (`channels::commit`); the application context (`channels::context`); the registry and the calls a connection makes on a channel (`channels::addr`); validation rules; session roll-up; the agent API a chat calls (`channels::agent`); on a cluster node, following another node's channels and forwarding to it (`channels::commit`, `channels::forward`) |
 //! | [`publish`] | `serverSeq` (reserved in blocks before use), the replay ring, each channel's subscribers, and publishing an envelope to them in order |
 //! | [`transport`] | everything between a TCP socket and an AHP message: listening, the WebSocket taken over from the HTTP dispatcher, frames in and out, each connection's byte-bounded queue with its pacing and liveness, io_uring batches, writing a big room from several threads, the heartbeat, TLS |
-//! | [`store`] | the `Journal` trait between actors and storage; SQLite (schema, group-commit writer, recovery), NATS JetStream (`--cluster`: stream, buckets, leases and fencing, the link to the other nodes) and in-memory journals; the cluster seam (`store::cluster`) |
+//! | [`store`] | the `Journal` trait between actors and storage, and the server's own settings beside it (`store::settings`); SQLite (schema, group-commit writer, recovery), NATS JetStream (`--cluster`: stream, buckets, leases and fencing, the link to the other nodes) and in-memory journals; the cluster seam (`store::cluster`) |
 //! | [`coedit`] | several people typing in one text at once: operations (retain / insert / delete), their transformation, the authority's copy of a text and an editor's |
 //! | [`interactions`] | the neutral "wait for a person" API: interactions and settlements; form and link rules; the approval policy as pure functions (`interactions::policy`) |
 //! | [`providers`] | agents behind the host (implementing `channels::agent`): provider connections, the built-in `scripted` agent, operator-declared ACP agents (`providers::acp`: the process, the update mapping, permissions) |
@@ -17,6 +17,7 @@
 //! | [`auth`] | bearer tokens (JWT, HS256), roles, session scopes |
 //! | [`people`] | a person's name and role in a session (viewer, participant, approver, owner), the `_meta` keys that keep who did what |
 //! | [`invites`] | a session's invite links: codes, their digests, expiry, uses, revocation; who came in through one |
+//! | [`notify`] | telling people who are away that a request waits: the quiet delay, webhooks (signed, retried), Web Push (VAPID key, subscriptions and choices in the store's settings, RFC 8291 payloads), who may be told (`notify::Audience`, answered by `server::notify`) |
 //! | [`memory`] | what the allocator holds; shrinking sparse tables and handing freed memory back |
 //! | `digest` | `sha256:<hex>` of a secret or payload the record names without holding |
 //! | [`metrics`] | what `/metrics` exports: every series registered once on the server's own recorder, counted through handles |
@@ -31,12 +32,13 @@
 //! nothing of the crate:
 //!
 //! ```text
-//! server       ──► providers, channels, metrics, coedit, interactions, invites, people, publish, transport, store, protocol, auth, rate, config
+//! server       ──► providers, channels, notify, metrics, coedit, interactions, invites, people, publish, transport, store, protocol, auth, rate, config
 //! providers    ──► channels, interactions, publish, transport, store, protocol, auth, config, time
-//! channels     ──► metrics, coedit, interactions, invites, people, publish, transport, store, protocol, auth, config, time, digest
+//! channels     ──► notify, metrics, coedit, interactions, invites, people, publish, transport, store, protocol, auth, config, time, digest
+//! notify       ──► metrics, people, store, auth, time, digest
 //! metrics      ──► transport, store
 //! publish      ──► transport, store
-//! rate         ──► config ──► store, auth, people, transport
+//! rate         ──► config ──► notify, store, auth, people, transport
 //! auth         ──► invites ──► people, digest
 //! interactions ──► people, time
 //! transport, store, protocol, time, coedit, people, digest: nothing above them

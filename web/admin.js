@@ -90,6 +90,7 @@ export class AdminView {
     this.connsEl = h('tbody');
     this.sessionsEl = h('div', { class: 'admin-sessions' });
     this.noteEl = h('div', { class: 'muted admin-note' });
+    this.notifyEl = h('div', { class: 'admin-notify' });
     this.el = h('div', { class: 'page admin-page' },
       h('div', { class: 'page-inner' },
         h('h1', null, 'Server'),
@@ -101,6 +102,8 @@ export class AdminView {
         h('table', { class: 'admin-table' },
           h('thead', null, h('tr', null, ...['Person', 'Subject', 'Role', 'Client', 'Subscriptions', 'Queued', 'Open for'].map((t) => h('th', null, t)))),
           this.connsEl),
+        h('h2', null, 'Notifications'),
+        this.notifyEl,
         this.noteEl));
     setChildren(crumbsEl, h('a', { class: 'crumb-back', href: '#/', 'aria-label': 'All sessions' }, '‹'), h('span', { class: 'crumb-title' }, 'Admin'));
     this.refresh();
@@ -153,6 +156,7 @@ export class AdminView {
     this.stats(overview, samples);
     this.connections(overview.connections);
     this.sessions(overview.sessions);
+    this.notifications(overview.notify);
     setText(this.noteEl, `Refreshed ${new Date().toLocaleTimeString()} · serverSeq ${overview.serverSeq}`);
   }
 
@@ -219,6 +223,27 @@ export class AdminView {
           h('span', { class: 'admin-waiting-title' }, w.title),
           h('span', { class: 'admin-waited', title: 'waiting for' }, duration(w.waitingSecs)))))))
       : h('div', { class: 'muted' }, `Nobody is being waited on (${list.length} session(s)).`));
+  }
+
+  notifications(n) {
+    if (!n) return;
+    const push = n.webPush ?? {};
+    const pushLine = !push.on ? 'Web Push is off.'
+      : push.error ? `Web Push: ${push.error}`
+        : `Web Push: ${push.people} person(s), ${push.devices} browser(s) registered.`;
+    const last = (l) => !l ? 'nothing sent yet'
+      : `${l.outcome}${l.status ? ` (HTTP ${l.status})` : ''} · ${new Date(l.at).toLocaleTimeString()}${l.attempts > 1 ? ` · ${l.attempts} attempts` : ''}${l.error ? ` · ${l.error}` : ''}`;
+    setChildren(this.notifyEl,
+      h('div', { class: 'muted admin-push' }, pushLine),
+      n.webhooks.length
+        ? h('table', { class: 'admin-table' },
+          h('thead', null, h('tr', null, ...['Webhook', 'Target', 'Format', 'Told of', 'Last delivery'].map((t) => h('th', null, t)))),
+          h('tbody', null, n.webhooks.map((w) => h('tr', { class: 'admin-webhook', 'data-webhook': w.name },
+            h('td', null, w.name, w.signed ? h('span', { class: 'muted' }, ' · signed') : null),
+            h('td', { class: 'mono' }, w.target), h('td', null, w.format),
+            h('td', null, `${w.only === 'approvals' ? 'approvals' : 'every request'}${w.sessions ? ` in ${w.sessions.length} session(s)` : ''}`),
+            h('td', { class: `admin-last admin-last-${w.last?.outcome ?? 'none'}` }, last(w.last))))))
+        : h('div', { class: 'muted' }, 'No webhooks configured.'));
   }
 
   dispose() {

@@ -105,8 +105,13 @@ impl Shared {
     /// client being at `base` for the links; `guard`: the server listens
     /// beyond loopback ([`crate::notify::target`]).
     pub fn with_notifier(mut self, base: String, guard: bool) -> anyhow::Result<Self> {
-        self.notify =
-            crate::notify::Notifier::start(&self.config.notify, base, guard, &self.metrics)?;
+        self.notify = crate::notify::Notifier::start(
+            &self.config.notify,
+            base,
+            guard,
+            &self.metrics,
+            self.journal.settings(),
+        )?;
         Ok(self)
     }
 

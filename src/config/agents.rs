@@ -199,6 +199,12 @@ pub struct NotifyTable {
     /// Milliseconds one attempt may take (default 10000).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Whether browsers may register for Web Push (default true).
+    #[serde(default)]
+    pub web_push: Option<bool>,
+    /// The contact Web Push signatures name (`mailto:` or `https:`).
+    #[serde(default)]
+    pub push_contact: Option<String>,
     /// `[[notify.webhooks]]`.
     #[serde(default)]
     pub webhooks: Vec<WebhookTable>,
@@ -249,6 +255,17 @@ impl NotifyTable {
                 ));
             }
             c.public_url = Some(u.trim_end_matches('/').to_owned());
+        }
+        if let Some(on) = self.web_push {
+            c.web_push = on;
+        }
+        if let Some(contact) = &self.push_contact {
+            if !(contact.starts_with("mailto:") || contact.starts_with("https://")) {
+                return Err(format!(
+                    "`notify.push_contact` `{contact}` must be a mailto: or https:// address"
+                ));
+            }
+            c.push_contact = Some(contact.clone());
         }
         if let Some(n) = self.retry_attempts {
             c.retry.attempts = n.clamp(1, 20);

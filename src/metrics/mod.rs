@@ -79,6 +79,8 @@ pub struct Metrics {
     waiting: dashmap::DashMap<(String, String), Waiting>,
     /// Webhook deliveries.
     pub notify_webhook: NotifyCounters,
+    /// Web Push deliveries.
+    pub notify_push: NotifyCounters,
 }
 
 /// What one way of notifying counts.
@@ -305,6 +307,7 @@ impl Metrics {
         }
         };
         let notify_webhook = notify("webhook");
+        let notify_push = notify("push");
         Self {
             handle: recorder.handle(),
             connections,
@@ -329,6 +332,7 @@ impl Metrics {
             settle_seconds,
             waiting: dashmap::DashMap::new(),
             notify_webhook,
+            notify_push,
         }
     }
 

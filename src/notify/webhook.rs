@@ -25,7 +25,7 @@ use crate::metrics::NotifyCounters;
 const QUEUE: usize = 256;
 
 /// The body's shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     /// Tandem's JSON (documented in `docs/protocol.md`).
@@ -36,7 +36,7 @@ pub enum Format {
 }
 
 /// Which requests a webhook is told of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Only {
     /// Every request for a person.
@@ -165,6 +165,9 @@ pub struct LastDelivery {
     pub attempts: u32,
     /// Why it failed, if it did.
     pub error: Option<String>,
+    /// From its first attempt to its end.
+    #[serde(skip)]
+    pub seconds: f64,
 }
 
 /// A webhook's queue and what the admin view reads of it.
@@ -238,7 +241,7 @@ struct Worker {
 }
 
 /// How one attempt went.
-enum Attempt {
+pub(super) enum Attempt {
     Sent(u16),
     /// Worth trying again (5xx, 408, 429, a timeout, no connection).
     Again(Option<u16>, String),
@@ -254,40 +257,16 @@ impl Worker {
     }
 
     async fn deliver(&self, d: Delivery) {
-        let started = Instant::now();
-        let mut backoff = self.retry.first_backoff;
-        let mut attempts = 0;
-        let (outcome, status, error) = loop {
-            attempts += 1;
-            match self.attempt(&d).await {
-                Attempt::Sent(s) => break ("sent", Some(s), None),
-                Attempt::Refused(s, e) => break ("failed", s, Some(e)),
-                Attempt::Again(s, e) if attempts >= self.retry.attempts => {
-                    break ("failed", s, Some(e))
-                }
-                Attempt::Again(s, e) => {
-                    tracing::debug!(webhook = %self.spec.name, delivery = %d.id, status = ?s, error = %e, attempt = attempts, "webhook delivery failed; trying again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(60));
-                }
-            }
-        };
-        self.counters
-            .seconds
-            .record(started.elapsed().as_secs_f64());
-        if outcome == "sent" {
-            self.counters.sent.increment(1);
-        } else {
-            self.counters.failed.increment(1);
-            tracing::warn!(webhook = %self.spec.name, delivery = %d.id, status = ?status, error = ?error, attempts, "webhook delivery given up");
+        let name = &self.spec.name;
+        let tried = with_retries(self.retry, || self.attempt(&d), |s, e, n| {
+            tracing::debug!(webhook = %name, delivery = %d.id, status = ?s, error = %e, attempt = n, "webhook delivery failed; trying again");
+        })
+        .await;
+        tried.count(&self.counters);
+        if tried.outcome != "sent" {
+            tracing::warn!(webhook = %name, delivery = %d.id, status = ?tried.status, error = ?tried.error, attempts = tried.attempts, "webhook delivery given up");
         }
-        *self.last.lock() = Some(LastDelivery {
-            at: crate::time::now_rfc3339(),
-            outcome,
-            status,
-            attempts,
-            error,
-        });
+        *self.last.lock() = Some(tried);
     }
 
     async fn attempt(&self, d: &Delivery) -> Attempt {
@@ -304,7 +283,15 @@ impl Worker {
                 .header("webhook-timestamp", ts.to_string())
                 .header("webhook-signature", signature(secret, &d.id, ts, &d.body));
         }
-        match req.body(d.body.clone()).send().await {
+        Attempt::of(req.body(d.body.clone()).send().await)
+    }
+}
+
+impl Attempt {
+    /// How a request went, by its answer: 2xx sent; 5xx, 408, 429, a
+    /// timeout or no connection worth again; anything else refused.
+    pub(super) fn of(res: Result<reqwest::Response, reqwest::Error>) -> Self {
+        match res {
             Ok(r) => {
                 let s = r.status().as_u16();
                 match s {
@@ -315,6 +302,52 @@ impl Worker {
             }
             Err(e) if e.is_builder() => Attempt::Refused(None, error_chain(&e)),
             Err(e) => Attempt::Again(None, error_chain(&e)),
+        }
+    }
+}
+
+/// Make attempts until one is sent or refused, or `retry.attempts` were
+/// made, waiting `first_backoff` (doubled each time, at most 60 s) between
+/// them; `again` hears of each one tried again.
+pub(super) async fn with_retries<F: std::future::Future<Output = Attempt>>(
+    retry: Retry,
+    mut attempt: impl FnMut() -> F,
+    again: impl Fn(Option<u16>, &str, u32),
+) -> LastDelivery {
+    let started = Instant::now();
+    let mut backoff = retry.first_backoff;
+    let mut attempts = 0;
+    let (outcome, status, error) = loop {
+        attempts += 1;
+        match attempt().await {
+            Attempt::Sent(s) => break ("sent", Some(s), None),
+            Attempt::Refused(s, e) => break ("failed", s, Some(e)),
+            Attempt::Again(s, e) if attempts >= retry.attempts => break ("failed", s, Some(e)),
+            Attempt::Again(s, e) => {
+                again(s, &e, attempts);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+            }
+        }
+    };
+    LastDelivery {
+        at: crate::time::now_rfc3339(),
+        outcome,
+        status,
+        attempts,
+        error,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+impl LastDelivery {
+    /// Count it in `counters`.
+    pub(super) fn count(&self, counters: &NotifyCounters) {
+        counters.seconds.record(self.seconds);
+        match self.outcome {
+            "sent" => counters.sent.increment(1),
+            "dropped" => counters.dropped.increment(1),
+            _ => counters.failed.increment(1),
         }
     }
 }

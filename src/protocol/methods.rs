@@ -47,6 +47,15 @@ pub const LIST_INVITES: &str = "tandem/listInvites";
 pub const REVOKE_INVITE: &str = "tandem/revokeInvite";
 /// Tandem extension: a page of a session's audit log.
 pub const AUDIT_LOG: &str = "tandem/auditLog";
+/// Tandem extension: the caller's notification settings (and the Web Push
+/// key).
+pub const NOTIFY_SETTINGS: &str = "tandem/notifySettings";
+/// Tandem extension: the caller's notification choice for a session.
+pub const SET_NOTIFY: &str = "tandem/setNotify";
+/// Tandem extension: register a browser for Web Push.
+pub const PUSH_SUBSCRIBE: &str = "tandem/pushSubscribe";
+/// Tandem extension: forget a browser registered for Web Push.
+pub const PUSH_UNSUBSCRIBE: &str = "tandem/pushUnsubscribe";
 
 /// Decode a method's params into its `ahp-types` struct; a mismatch is
 /// `-32602 Invalid params` naming the method and serde's reason.

@@ -101,11 +101,48 @@ pub(super) async fn overview(req: HttpRequest, state: web::Data<AppState>) -> Ht
     // The sessions someone waits on first, the longest wait first.
     let longest = |s: &Value| s["waiting"][0]["waitingSecs"].as_f64().unwrap_or(-1.0);
     sessions.sort_by(|a, b| longest(b).total_cmp(&longest(a)));
+    let notify = notifications(&state).await;
     HttpResponse::Ok()
         .insert_header(("cache-control", "no-store"))
         .json(json!({
             "connections": connections,
             "sessions": sessions,
+            "notify": notify,
             "serverSeq": shared.publisher.current(),
         }))
+}
+
+/// The webhooks with their last delivery, and Web Push: whether it is on
+/// and how many people and browsers registered. A webhook shows only its
+/// scheme and host: the rest of a URL is often its secret (Slack's are).
+async fn notifications(state: &AppState) -> Value {
+    let notify = &state.shared.notify;
+    let webhooks: Vec<Value> = notify
+        .webhooks()
+        .into_iter()
+        .map(|(spec, last)| {
+            json!({
+                "name": spec.name,
+                "target": format!("{}://{}", spec.url.scheme(), spec.url.host_str().unwrap_or_default()),
+                "format": spec.format,
+                "only": spec.only,
+                "sessions": spec.sessions,
+                "signed": spec.secret.is_some(),
+                "last": last,
+            })
+        })
+        .collect();
+    let push = match notify.book().cloned() {
+        None => json!({"on": false}),
+        Some(book) => match web::block(move || book.holders()).await {
+            Ok(Ok(holders)) => json!({
+                "on": true,
+                "people": holders.len(),
+                "devices": holders.iter().map(|h| h.devices.len()).sum::<usize>(),
+            }),
+            Ok(Err(e)) => json!({"on": true, "error": e.to_string()}),
+            Err(e) => json!({"on": true, "error": e.to_string()}),
+        },
+    };
+    json!({"webhooks": webhooks, "webPush": push})
 }

@@ -28,6 +28,7 @@ mod audit;
 mod cluster;
 pub(crate) mod connection;
 mod invites;
+mod notify;
 pub(crate) mod params;
 mod people;
 mod presence;
@@ -381,6 +382,10 @@ where
                 let app_state = state.clone();
                 let server = http_server(&app_state, &config, listener)?;
                 presence::join_cluster(&state);
+                state
+                    .shared
+                    .notify
+                    .serve(Arc::new(notify::ServerAudience(Arc::downgrade(&state))));
                 let metrics = state.shared.metrics.clone();
                 actix::spawn(async move {
                     let mut every = tokio::time::interval(scrape::UPKEEP_EVERY);

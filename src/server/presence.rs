@@ -67,6 +67,9 @@ pub struct SetPresenceParams {
     #[serde(default)]
     pub rev: Option<u64>,
     pub state: Activity,
+    /// The page is shown and has the focus (its person is looking).
+    #[serde(default)]
+    pub focused: Option<bool>,
 }
 
 /// How often a node announces its connections' presence again.
@@ -95,17 +98,37 @@ pub struct PresenceTable {
 type Present = (Who, Value, Instant);
 
 impl PresenceTable {
-    fn set(&self, chat: &ChannelUri, who: Who, entry: Value) {
+    /// Set `who`'s entry on `chat`; the one it replaces, if any.
+    fn set(&self, chat: &ChannelUri, who: Who, entry: Value) -> Option<Value> {
         let mut chats = self.chats.lock();
         let list = chats.entry(chat.clone()).or_default();
         let now = Instant::now();
         match list.iter_mut().find(|(w, ..)| *w == who) {
             Some(slot) => {
-                slot.1 = entry;
                 slot.2 = now;
+                Some(std::mem::replace(&mut slot.1, entry))
             }
-            None => list.push((who, entry, now)),
+            None => {
+                list.push((who, entry, now));
+                None
+            }
         }
+    }
+
+    /// Whether a person is looking at `chat`: one of their entries there
+    /// is active with the page shown and focused.
+    /// `who` is a subject, or `client:<clientId>` for one device.
+    pub fn looking(&self, chat: &str, who: &str) -> bool {
+        let device = who.strip_prefix("client:");
+        self.chats.lock().get(chat).is_some_and(|l| {
+            l.iter().any(|(_, e, _)| {
+                let theirs = match device {
+                    Some(c) => e["clientId"] == c,
+                    None => e["subject"] == who,
+                };
+                theirs && is_looking(Some(e))
+            })
+        })
     }
 
     /// `who`'s entry on `chat`, if it has one.
@@ -167,6 +190,19 @@ impl PresenceTable {
         }
         chats.retain(|_, l| !l.is_empty());
         gone
+    }
+}
+
+/// Whether an entry says its person looks at the chat: active, with the
+/// page shown and focused.
+fn is_looking(entry: Option<&Value>) -> bool {
+    entry.is_some_and(|e| e["state"] == "active" && e["focused"] == true)
+}
+
+/// Tell the notifier when an entry on `chat` went from looking to not.
+fn note_looking(app: &AppState, chat: &ChannelUri, before: Option<&Value>, after: Option<&Value>) {
+    if is_looking(before) && !is_looking(after) {
+        app.shared.notify.looked_away(chat.as_str());
     }
 }
 
@@ -234,7 +270,8 @@ pub(super) fn join_cluster(app: &Arc<AppState>) {
         match msg.entry {
             Some(entry) => {
                 let known = app.presence.list(&msg.chat).contains(&entry);
-                app.presence.set(&msg.chat, who, entry.clone());
+                let before = app.presence.set(&msg.chat, who, entry.clone());
+                note_looking(&app, &msg.chat, before.as_ref(), Some(&entry));
                 // A refresh of what everyone here knows already is not news.
                 if !known {
                     broadcast(&ch, &entry);
@@ -242,6 +279,7 @@ pub(super) fn join_cluster(app: &Arc<AppState>) {
             }
             None => {
                 if let Some(last) = app.presence.leave(&msg.chat, &who) {
+                    note_looking(&app, &msg.chat, Some(&last), None);
                     broadcast(&ch, &gone(last));
                 }
             }
@@ -261,6 +299,7 @@ pub(super) fn join_cluster(app: &Arc<AppState>) {
             }
             let before = Instant::now().checked_sub(FORGET_AFTER);
             for (chat, last) in before.map(|b| app.presence.expire(b)).unwrap_or_default() {
+                note_looking(&app, &chat, Some(&last), None);
                 if let Some(ch) = app.shared.registry.get(&chat) {
                     broadcast(&ch, &gone(last));
                 }
@@ -326,10 +365,13 @@ impl Connection {
             "caret": p.caret,
             "rev": p.rev,
             "state": p.state,
+            "focused": p.focused,
         });
-        self.app
+        let before = self
+            .app
             .presence
             .set(&p.channel, Who::Here(self.out.id()), entry.clone());
+        note_looking(&self.app, &p.channel, before.as_ref(), Some(&entry));
         broadcast(&ch, &entry);
         announce(&self.app, &p.channel, self.out.id(), Some(entry));
         self.reply(&id, &Value::Null);
@@ -369,7 +411,7 @@ impl Connection {
                 continue;
             };
             entry["name"] = Value::from(name.clone());
-            self.app.presence.set(chat, who.clone(), entry.clone());
+            let _ = self.app.presence.set(chat, who.clone(), entry.clone());
             if let Some(ch) = self.app.shared.registry.get(chat) {
                 broadcast(&ch, &entry);
             }
@@ -383,6 +425,7 @@ impl Connection {
         let Some(last) = self.app.presence.leave(chat, &Who::Here(self.out.id())) else {
             return;
         };
+        note_looking(&self.app, chat, Some(&last), None);
         announce(&self.app, chat, self.out.id(), None);
         let Some(ch) = self.app.shared.registry.get(chat) else {
             return;

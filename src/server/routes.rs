@@ -87,6 +87,10 @@ impl Connection {
                 self.list_invites(id, p.channel)
             }
             m::AUDIT_LOG => self.audit_log(id, decode_params(method, params)?, ctx),
+            m::NOTIFY_SETTINGS => self.notify_settings(id, decode_params(method, params)?, ctx),
+            m::SET_NOTIFY => self.set_notify(id, decode_params(method, params)?, ctx),
+            m::PUSH_SUBSCRIBE => self.push_subscribe(id, decode_params(method, params)?, ctx),
+            m::PUSH_UNSUBSCRIBE => self.push_unsubscribe(id, decode_params(method, params)?, ctx),
             other => Err(RpcError::method_not_found(other)),
         }
     }

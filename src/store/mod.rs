@@ -13,6 +13,7 @@
 pub(crate) mod cluster;
 pub mod jetstream;
 pub(crate) mod memory;
+pub mod settings;
 pub(crate) mod sqlite;
 
 use std::collections::BTreeMap;
@@ -25,6 +26,7 @@ use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 pub use cluster::{ClusterEvent, ClusterLink, Replicated};
 pub use jetstream::{ClusterConfig, JetStreamJournal};
 pub use memory::MemoryJournal;
+pub use settings::{MemorySettings, Settings};
 pub use sqlite::{Durability, SqliteJournal, DEFAULT_COMMIT_WINDOW};
 
 /// A boxed future resolving when a batch is durable.
@@ -355,6 +357,12 @@ pub trait Journal: Send + Sync + 'static {
     /// The link to the other nodes sharing this journal, when it is a
     /// cluster's ([`cluster`]).
     fn cluster(&self) -> Option<Arc<dyn ClusterLink>> {
+        None
+    }
+
+    /// Where the server's own records are kept beside the journal
+    /// ([`settings`]); `None`: nowhere durable (they live in memory).
+    fn settings(&self) -> Option<Arc<dyn Settings>> {
         None
     }
 

@@ -498,3 +498,38 @@ async fn the_config_files_cluster_table_starts_a_node_on_jetstream() {
     assert_eq!(h["cluster"]["node"], "from-file", "{h}");
     assert_eq!(h["cluster"]["nats"], "connected", "{h}");
 }
+
+/// The server's own records (the Web Push key, push subscriptions,
+/// notification choices) are one set for the whole cluster: what one node
+/// stores another reads, lists and cannot make twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_stored_by_one_node_are_read_by_another() {
+    use tandem::store::{ClusterConfig, JetStreamJournal, Journal};
+    let nats = NatsServer::start();
+    let a = JetStreamJournal::connect(&ClusterConfig::parse(&nats.url(), "n1").expect("config"))
+        .await
+        .expect("connect");
+    let b = JetStreamJournal::connect(&ClusterConfig::parse(&nats.url(), "n2").expect("config"))
+        .await
+        .expect("connect");
+    let (sa, sb) = (a.settings().expect("kept"), b.settings().expect("kept"));
+    tokio::task::spawn_blocking(move || {
+        assert_eq!(sa.create("push/vapid", b"k1").expect("create"), b"k1");
+        assert_eq!(
+            sb.create("push/vapid", b"k2").expect("create"),
+            b"k1",
+            "made once"
+        );
+        sa.put("push/people/invite:ab/cd", b"{}").expect("put");
+        sa.put("push/people/ann", b"[1]").expect("put");
+        sa.put("notify/modes/ann", b"{}").expect("put");
+        let listed = sb.list("push/people/").expect("list");
+        let keys: Vec<&str> = listed.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["push/people/ann", "push/people/invite:ab/cd"]);
+        sb.delete("push/people/ann").expect("delete");
+        assert_eq!(sa.get("push/people/ann").expect("get"), None);
+        assert_eq!(sa.list("push/people/").expect("list").len(), 1);
+    })
+    .await
+    .expect("the checks ran");
+}

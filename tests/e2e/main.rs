@@ -34,6 +34,7 @@ mod ordering_and_recovery;
 mod pacing;
 mod people;
 mod providers;
+mod push;
 mod readiness;
 mod scripted;
 mod security;

@@ -25,11 +25,12 @@ const SECRET: &[u8] = b"webhook-secret-0123456789";
 
 /// One request a receiver got.
 #[derive(Debug)]
-struct Got {
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
+pub(crate) struct Got {
+    pub(crate) path: String,
+    pub(crate) headers: HashMap<String, String>,
+    pub(crate) body: Vec<u8>,
     /// The status it was answered with.
-    status: u16,
+    pub(crate) status: u16,
 }
 
 impl Got {
@@ -40,7 +41,7 @@ impl Got {
 
 /// An HTTP receiver on loopback answering its `statuses` in turn (then
 /// 200), each request reported on the channel.
-async fn receiver(statuses: Vec<u16>) -> (String, mpsc::UnboundedReceiver<Got>) {
+pub(crate) async fn receiver(statuses: Vec<u16>) -> (String, mpsc::UnboundedReceiver<Got>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -78,6 +79,11 @@ async fn receiver(statuses: Vec<u16>) -> (String, mpsc::UnboundedReceiver<Got>) 
                     buf.extend_from_slice(&chunk[..n]);
                 }
                 let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+                let path = head
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_owned();
                 let headers = head
                     .lines()
                     .skip(1)
@@ -90,6 +96,7 @@ async fn receiver(statuses: Vec<u16>) -> (String, mpsc::UnboundedReceiver<Got>) 
                 );
                 let _ = s.write_all(reply.as_bytes()).await;
                 let _ = tx.send(Got {
+                    path,
                     headers,
                     body,
                     status,
@@ -101,13 +108,13 @@ async fn receiver(statuses: Vec<u16>) -> (String, mpsc::UnboundedReceiver<Got>) 
 }
 
 /// Start a turn that asks a question; the open request's id.
-async fn ask(c: &mut TestClient, chat: &str, m: &mut ChatMirror) -> String {
+pub(crate) async fn ask(c: &mut TestClient, chat: &str, m: &mut ChatMirror) -> String {
     c.start_turn(chat, ASK).await;
     c.wait_state(m, |s| open_request_id(s).is_some()).await;
     open_request_id(&m.state).expect("a request")
 }
 
-async fn next(rx: &mut mpsc::UnboundedReceiver<Got>) -> Got {
+pub(crate) async fn next(rx: &mut mpsc::UnboundedReceiver<Got>) -> Got {
     tokio::time::timeout(WAIT, rx.recv())
         .await
         .expect("a delivery in time")
@@ -138,6 +145,7 @@ fn notifying(hooks: Vec<WebhookSpec>, quiet: Duration) -> Config {
                 first_backoff: Duration::from_millis(50),
                 timeout: Duration::from_secs(2),
             },
+            ..NotifyConfig::default()
         },
         ..Config::default()
     }
@@ -209,6 +217,12 @@ async fn an_ask_and_an_approval_each_reach_the_webhook_once_signed_then_settled(
     assert_eq!(v["type"], "interaction.settled", "{v}");
     assert_eq!(v["interaction"]["id"], rid.as_str());
     assert_eq!(v["outcome"], "answered");
+    assert!(
+        v["settledBy"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("guest ")),
+        "who answered, by name: {v}"
+    );
     c.wait_state(&mut m, |s| s.active_turn.is_none()).await;
 
     // A tool approval: opened with the tool's name, then approved.
@@ -235,6 +249,20 @@ async fn an_ask_and_an_approval_each_reach_the_webhook_once_signed_then_settled(
     let v = next(&mut rx).await.json();
     assert_eq!(v["type"], "interaction.opened", "{v}");
     assert_eq!(v["interaction"]["id"], third.as_str(), "{v}");
+
+    // The admin view lists the webhook (its host only) and its last delivery.
+    let addr = server.addr;
+    let hook = eventually("the admin view shows the last delivery", || async move {
+        let (_, _, body) = http(addr, "GET", "/admin/overview").await;
+        let o: Value = serde_json::from_slice(&body).expect("JSON");
+        let h = o["notify"]["webhooks"][0].clone();
+        (h["last"]["outcome"] == "sent").then_some(h)
+    })
+    .await;
+    assert_eq!(hook["name"], "team");
+    assert_eq!(hook["target"], "http://127.0.0.1", "{hook}");
+    assert_eq!(hook["signed"], true);
+    assert_eq!(hook["last"]["status"], 200);
     server.stop().await;
 }
 

@@ -31,6 +31,7 @@ impl ChatActor {
                     .message
                     .clone()
                     .or_else(|| a.request.url.as_ref().map(|u| u.to_string()))
+                    .or_else(|| first_question(&a.request))
                     .unwrap_or_else(|| "questions".to_owned());
                 return self.opened_one(&a.request.id, kind, title, None);
             }
@@ -78,11 +79,12 @@ impl ChatActor {
             _ => return,
         };
         metrics.waiting_ended(&self.core.uri, id);
+        let by = self.settled_by.remove(id);
         self.core.shared.notify.settled(Settle {
             chat: self.core.uri.to_string(),
             id: id.to_owned(),
             outcome,
-            by: None,
+            by,
         });
         match self.asked.remove(id) {
             Some((kind, at)) => metrics.interaction_settled(kind, outcome, Some(at.elapsed())),
@@ -100,6 +102,7 @@ impl ChatActor {
     /// Every request still open ended with its turn.
     fn count_all_ended(&mut self, outcome: Settled) {
         let metrics = self.core.shared.metrics.clone();
+        self.settled_by.clear();
         for (id, (kind, at)) in self.asked.drain() {
             metrics.waiting_ended(&self.core.uri, &id);
             metrics.interaction_settled(kind, outcome, Some(at.elapsed()));
@@ -139,4 +142,15 @@ impl ChatActor {
             since,
         });
     }
+}
+
+/// What the first of a request's questions asks, and how many follow.
+fn first_question(r: &ahp_types::state::ChatInputRequest) -> Option<String> {
+    let qs = r.questions.as_ref()?;
+    let first = serde_json::to_value(qs.first()?).ok()?;
+    let message = first.get("message")?.as_str()?.to_owned();
+    Some(match qs.len() {
+        1 => message,
+        n => format!("{message} (+{} more)", n - 1),
+    })
 }

@@ -111,6 +111,9 @@ pub struct ChatActor {
     /// Who last wrote each answer of an open request (request id →
     /// question id → name), for the notification of its completion.
     answer_authors: HashMap<String, std::collections::BTreeMap<String, String>>,
+    /// Who settled a request (input request or tool call id → their name),
+    /// until the notifier is told.
+    settled_by: HashMap<String, String>,
     /// Who decided each tool call just confirmed, until its effects (a
     /// session grant) have run.
     deciders: HashMap<String, crate::people::Person>,
@@ -218,6 +221,7 @@ impl ChatActor {
             inputs: HashMap::new(),
             tools: HashMap::new(),
             answer_authors: HashMap::new(),
+            settled_by: HashMap::new(),
             deciders: HashMap::new(),
             turn_base,
             pending_turns: Vec::new(),

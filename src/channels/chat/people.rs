@@ -95,6 +95,15 @@ impl ChatActor {
                 .or_default()
                 .insert(a.question_id.clone(), by.name.clone());
         }
+        match action {
+            StateAction::ChatInputCompleted(a) => {
+                self.settled_by.insert(a.request_id.clone(), by.name.clone());
+            }
+            StateAction::ChatToolCallConfirmed(a) => {
+                self.settled_by.insert(a.tool_call_id.clone(), by.name.clone());
+            }
+            _ => {}
+        }
         let mut acts = Acts::default();
         if let StateAction::ChatTurnCancelled(a) = action {
             // Before the stop: once the turn ends nothing joins it. The

@@ -19,6 +19,12 @@ use crate::store::{
 };
 
 impl Journal for JetStreamJournal {
+    fn settings(&self) -> Option<Arc<dyn crate::store::Settings>> {
+        Some(Arc::new(super::settings::KvSettings(JetStreamJournal {
+            inner: self.inner.clone(),
+        })))
+    }
+
     fn create_channel(&self, info: ChannelInfo) -> Commit {
         let inner = self.inner.clone();
         let journal = self.clone();

@@ -14,6 +14,7 @@
 //! | `tandem_turns` | key-value bucket | ended turns by `<chat>.<index>`, for `fetchTurns` |
 //! | `tandem_providers` | key-value bucket | provider id → the token subject that first registered it (create-only) |
 //! | `tandem_nodes` | key-value bucket | the cluster's `serverSeq` floor (`seq`): each node numbers in blocks it raises the floor over with compare-and-set, so a reconnect to another node gets snapshots |
+//! | `tandem_settings` | key-value bucket | the server's own records ([`crate::store::settings`]): the Web Push key, push subscriptions, notification choices |
 //! | `tandem_leases` | key-value bucket, entries expire after the lease time | which node owns each channel ([`lease`]) |
 //!
 //! `<channel>` is the channel URI in lowercase hex, so any URI is a valid
@@ -46,9 +47,11 @@ mod append;
 mod journal;
 pub(crate) mod lease;
 pub use lease::LEASES;
+pub use settings::SETTINGS;
 mod link;
 mod nats;
 mod ownership;
+mod settings;
 mod wire;
 
 use self::nats::Nats;

@@ -34,6 +34,8 @@ pub(super) struct Nats {
     pub(super) providers: kv::Store,
     pub(super) nodes: kv::Store,
     pub(super) leases: kv::Store,
+    /// The server's own records ([`super::SETTINGS`]).
+    pub(super) settings: kv::Store,
     /// Woken when the connection to NATS is made again (consumers and
     /// watches are then made again at once rather than when they time out).
     pub(super) reconnected: Arc<tokio::sync::Notify>,
@@ -163,6 +165,7 @@ impl Nats {
             providers: bucket(PROVIDERS, Duration::ZERO).await?,
             nodes: bucket(NODES, Duration::ZERO).await?,
             leases: bucket(lease::LEASES, lease).await?,
+            settings: bucket(super::SETTINGS, Duration::ZERO).await?,
             js,
             stream,
             audit,

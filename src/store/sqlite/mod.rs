@@ -59,6 +59,10 @@ pub struct SqliteJournal {
     /// Records per channel, as committed (for `len`).
     lens: Arc<DashMap<ChannelUri, JournalPos>>,
     reader: Mutex<Connection>,
+    /// The server's own records ([`crate::store::settings`]), on a
+    /// connection of their own: rare small writes that need not wait for a
+    /// group.
+    settings: Arc<SqliteSettings>,
     /// The writer's group-commit figures.
     counters: Arc<writer::Counters>,
 }
@@ -138,6 +142,9 @@ impl SqliteJournal {
             .checkpoint_beside(checkpointer, limits)
             .map_err(unavailable)?;
         let counters = writer.counters();
+        let settings = Arc::new(SqliteSettings(Mutex::new(
+            schema::open_conn(&path, durability).map_err(describe)?,
+        )));
         std::thread::Builder::new()
             .name("tandem-journal".into())
             .spawn(move || writer.run(rx, window))
@@ -147,6 +154,7 @@ impl SqliteJournal {
             tx: Mutex::new(tx),
             lens,
             reader: Mutex::new(reader),
+            settings,
             counters,
         })
     }
@@ -174,7 +182,75 @@ fn closed() -> JournalError {
     JournalError::Unavailable("the journal writer has stopped".into())
 }
 
+/// The `settings` table.
+struct SqliteSettings(Mutex<Connection>);
+
+impl crate::store::Settings for SqliteSettings {
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, JournalError> {
+        use rusqlite::OptionalExtension;
+        self.0
+            .lock()
+            .query_row("SELECT value FROM settings WHERE key = ?1", [key], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(unavailable)
+    }
+
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), JournalError> {
+        self.0
+            .lock()
+            .execute(
+                "INSERT INTO settings (key, value) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                rusqlite::params![key, value],
+            )
+            .map(drop)
+            .map_err(unavailable)
+    }
+
+    fn delete(&self, key: &str) -> Result<(), JournalError> {
+        self.0
+            .lock()
+            .execute("DELETE FROM settings WHERE key = ?1", [key])
+            .map(drop)
+            .map_err(unavailable)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, JournalError> {
+        let conn = self.0.lock();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT key, value FROM settings WHERE substr(key, 1, ?2) = ?1 ORDER BY key",
+            )
+            .map_err(unavailable)?;
+        let rows = stmt
+            .query_map(rusqlite::params![prefix, prefix.len() as i64], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .map_err(unavailable)?;
+        rows.collect::<Result<_, _>>().map_err(unavailable)
+    }
+
+    fn create(&self, key: &str, value: &[u8]) -> Result<Vec<u8>, JournalError> {
+        let conn = self.0.lock();
+        conn.execute(
+            "INSERT OR IGNORE INTO settings (key, value) VALUES (?1, ?2)",
+            rusqlite::params![key, value],
+        )
+        .map_err(unavailable)?;
+        conn.query_row("SELECT value FROM settings WHERE key = ?1", [key], |r| {
+            r.get(0)
+        })
+        .map_err(unavailable)
+    }
+}
+
 impl Journal for SqliteJournal {
+    fn settings(&self) -> Option<Arc<dyn crate::store::Settings>> {
+        Some(self.settings.clone())
+    }
+
     fn commit_stats(&self) -> Option<CommitStats> {
         Some(self.counters.read())
     }

@@ -27,6 +27,7 @@ CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL, entry TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_by_session ON audit (session, seq);
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 ";
 
 /// Bring a store written by an earlier version up to the current schema.

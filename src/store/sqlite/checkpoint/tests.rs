@@ -132,34 +132,40 @@ async fn writes_racing_the_checkpointer_are_all_kept_and_the_wal_stays_bounded()
             .expect("create");
     }
     // Sixteen chats append at once, so commits keep coming while the
-    // checkpointer copies.
+    // checkpointer copies: each at least 100 records, and on until the
+    // checkpointer has copied once (however busy the machine keeps it).
     let writers = chats.iter().map(|c| {
         let j = j.clone();
         let chat = ChannelUri::from(c.as_str());
         tokio::spawn(async move {
-            for i in 0..100 {
+            let mut i = 0;
+            while i < 100 || j.commit_stats().expect("counts").checkpoints == 0 {
+                assert!(i < 20_000, "the checkpointer never copied");
                 j.append(&chat, JournalPos::new(i), Batch::of(vec![padded(i)]))
                     .await
                     .expect("append");
+                i += 1;
             }
+            i
         })
     });
+    let mut written = Vec::new();
     for w in writers.collect::<Vec<_>>() {
-        w.await.expect("writer");
+        written.push(w.await.expect("writer"));
     }
     let stats = j.commit_stats().expect("counts");
     assert!(stats.checkpoints >= 1, "the checkpointer copied: {stats:?}");
     // Once writes calm down, the copy completes (the checkpointer's or the
     // writer's last part of it) and a commit writes the WAL from its start.
     let quiet = ChannelUri::from(chats[0].as_str());
-    let mut len = 100;
+    let mut len = written[0];
     while j.commit_stats().expect("counts").wal_pages >= 64 {
         j.append(&quiet, JournalPos::new(len), Batch::of(vec![padded(len)]))
             .await
             .expect("append");
         len += 1;
         assert!(
-            len < 1000,
+            len < written[0] + 1000,
             "the WAL never started over: {:?}",
             j.commit_stats()
         );
@@ -169,12 +175,12 @@ async fn writes_racing_the_checkpointer_are_all_kept_and_the_wal_stays_bounded()
     }
     drop(j);
     let j = SqliteJournal::open(&dir, Durability::Relaxed).expect("reopen");
-    for c in &chats[1..] {
+    for (c, n) in chats.iter().zip(&written).skip(1) {
         let stored = j
             .load_channel(&c.as_str().into())
             .expect("load")
             .expect("stored");
-        assert_eq!(stored.tail, (0..100).map(padded).collect::<Vec<_>>(), "{c}");
+        assert_eq!(stored.tail, (0..*n).map(padded).collect::<Vec<_>>(), "{c}");
     }
     let stored = j.load_channel(&quiet).expect("load").expect("stored");
     assert_eq!(stored.tail, (0..len).map(padded).collect::<Vec<_>>());

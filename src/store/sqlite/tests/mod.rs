@@ -203,3 +203,18 @@ async fn the_audit_log_is_stored_with_its_batch_paged_and_kept_after_removal() {
     assert_eq!(read, [first, rest].concat());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn settings_are_kept_in_the_store_across_a_reopen() {
+    let dir = tempdir();
+    {
+        let j = SqliteJournal::open(&dir, Durability::Full).expect("open");
+        let s = j.settings().expect("a store keeps settings");
+        crate::store::settings::tests::behaves(&*s);
+        s.put("vapid", b"key").expect("put");
+    }
+    let j = SqliteJournal::open(&dir, Durability::Full).expect("reopen");
+    let s = j.settings().expect("settings");
+    assert_eq!(s.get("vapid").expect("get").as_deref(), Some(&b"key"[..]));
+    assert_eq!(s.create("vapid", b"other").expect("create"), b"key");
+}
