@@ -86,6 +86,10 @@ async fn the_web_client_is_served_from_the_binary() {
         ("/people.js", "text/javascript; charset=utf-8"),
         ("/invites.js", "text/javascript; charset=utf-8"),
         ("/activity.js", "text/javascript; charset=utf-8"),
+        ("/presence.js", "text/javascript; charset=utf-8"),
+        ("/notify.js", "text/javascript; charset=utf-8"),
+        ("/waiting.js", "text/javascript; charset=utf-8"),
+        ("/sw.js", "text/javascript; charset=utf-8"),
         ("/favicon.svg", "image/svg+xml"),
     ] {
         let (status, headers, body) = http(server.addr, "GET", path).await;
@@ -417,4 +421,55 @@ async fn the_browsers_text_operations_agree_with_the_servers() {
     for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
         assert_eq!(g, e, "case {i}: {}", cases[i]);
     }
+}
+
+/// Notifications in the web client (`web/tests/notify.test.mjs`), against a
+/// server with auth and Web Push on, and a short quiet delay: the service
+/// worker registers and is active at the root; "Notify me" goes as far as
+/// headless Chromium allows (its off-the-record profile refuses every push
+/// subscription) and says so; the worker shows a request pushed through
+/// DevTools and closes it on its end; the choice "only tool approvals"
+/// outlives a reload. With a stand-in `PushManager` whose endpoint the test
+/// serves, the page turns Web Push on, says `focused: false` when hidden
+/// and `true` when shown (a shared field's target kept), and the server's
+/// push of a question asked while hidden, decrypted by the test, is shown
+/// by the worker and closed by the push of its end. "Waiting on you" lists
+/// a question and a tool approval in two sessions, oldest first, for Ann
+/// (an owner) and only the question for Pat (a participant); the tab's
+/// title and icon carry the count and lose it once both are answered from
+/// the list's links. What Chromium cannot do here (a real push service, a
+/// click on a notification) is in the test file's header. Writes
+/// `waiting.png`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_client_notifies_and_lists_what_waits_on_you() {
+    use tandem::auth::{now_secs, Authenticator, Claims, Role};
+    let secret = b"notify-web-test-secret-0123456789abcdef";
+    let server = TestServer::start_with(tandem::Config {
+        auth_secret: Some(secret.to_vec()),
+        notify: tandem::notify::NotifyConfig {
+            quiet_delay: Duration::from_millis(300),
+            ..tandem::notify::NotifyConfig::default()
+        },
+        ..tandem::Config::default()
+    })
+    .await;
+    let auth = Authenticator::new(secret).expect("key");
+    let mint = |sub: &str, name: &str| {
+        auth.mint(&Claims {
+            sub: sub.into(),
+            role: Role::Client,
+            exp: now_secs() + 600,
+            name: Some(name.into()),
+            ..Default::default()
+        })
+        .expect("mint")
+    };
+    let env = [
+        ("TANDEM_URL", format!("http://{}/", server.addr)),
+        ("ANN_TOKEN", mint("ann", "Ann")),
+        // No claim for the sessions: the server's default, a participant.
+        ("PAT_TOKEN", mint("pat", "Pat")),
+    ];
+    run_page_tests("notify.test.mjs", &env, 3, Duration::from_secs(180)).await;
+    server.stop().await;
 }

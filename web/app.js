@@ -14,6 +14,8 @@ import { AdminView } from './admin.js';
 import { People, SessionAccess, PresenceList, nameField, tokenClaims, can, roleNote, authorOf, actOf, actText, actsIn } from './people.js';
 import { InviteScreen, ShareDialog, endedPage, guestId, inviteOf, inviteRefusal, inviteSocketUrl } from './invites.js';
 import { ActivityPanel } from './activity.js';
+import { NotifyControl, registerWorker } from './notify.js';
+import { WaitingList, TabBadge, listAllSessions } from './waiting.js';
 
 // A server with a secret wants a bearer token on the upgrade; a browser passes
 // it as `?token=…`, taken here from the page's own URL (`/?token=…#/`).
@@ -87,11 +89,18 @@ const adminLink = !invite && (!token || tokenClaims(token)?.role === 'admin')
   ? h('a', { class: 'admin-link', href: '#/admin', 'data-action': 'admin' }, 'Admin')
   : null;
 
+// What waits on this person across sessions, on every page; its count is
+// on the tab too.
+const waiting = new WaitingList({ client });
+const tab = new TabBadge();
+waiting.addEventListener('count', (e) => tab.set(e.detail.count));
+
 document.getElementById('app').replaceChildren(
   h('header', { class: 'topbar' },
     h('a', { class: 'brand', href: '#/' }, h('img', { src: '/favicon.svg', alt: '', width: 22, height: 22 }), h('span', null, 'Tandem')),
     crumbsEl,
     adminLink,
+    waiting.el,
     nameField(people, { onError: (m) => toast(m, 'err') }),
     connEl),
   viewEl,
@@ -116,7 +125,7 @@ function showEnded(reason) {
   currentView = null;
   setChildren(crumbsEl);
   viewEl.replaceChildren(endedPage(reason));
-  document.title = 'Invite ended · Tandem';
+  tab.title('Invite ended · Tandem');
 }
 client.addEventListener('ended', (e) => showEnded(e.detail.reason));
 
@@ -190,13 +199,7 @@ class SessionsView {
 
   async load() {
     try {
-      const items = [];
-      let cursor;
-      do {
-        const page = await client.request('listSessions', { channel: ROOT, limit: 100, cursor });
-        items.push(...page.items);
-        cursor = page.nextCursor;
-      } while (cursor && items.length < 500);
+      const items = await listAllSessions(client);
       this.sessions = new Map(items.map((s) => [s.resource, s]));
       this.render();
     } catch (e) {
@@ -454,9 +457,11 @@ class ChatView {
       class: 'btn btn-small btn-primary', type: 'button', 'data-action': 'share', hidden: true,
       title: 'Invite people with a link', onclick: () => this.openShare(),
     }, 'Share');
-    this.barEl = h('div', { class: 'session-bar' }, this.hereEl, h('div', { class: 'session-actions' }, this.activityBtn, this.shareBtn));
+    // Be told in this browser when the agent needs this person here.
+    this.notify = new NotifyControl({ client, session: this.session });
+    this.barEl = h('div', { class: 'session-bar' }, this.hereEl, h('div', { class: 'session-actions' }, this.notify.button, this.activityBtn, this.shareBtn));
 
-    this.el = h('div', { class: 'page chat-page' }, this.barEl, this.scrollEl, this.composer, this.activity.el);
+    this.el = h('div', { class: 'page chat-page' }, this.barEl, this.scrollEl, this.composer, this.activity.el, this.notify.panel);
     this.onChange = (e) => {
       if (e.detail.uri === this.chat || e.detail.uri === this.session) this.schedule();
     };
@@ -515,7 +520,7 @@ class ChatView {
     const chat = this.chat && client.state(this.chat);
     if (session) {
       setText(this.titleEl, session.title || 'Untitled session');
-      document.title = `${session.title || 'Session'} · Tandem`;
+      tab.title(`${session.title || 'Session'} · Tandem`);
       this.access.check(session);
     }
     if (!chat) return;
@@ -673,6 +678,7 @@ class ChatView {
     this.access.close();
     this.presence?.close();
     this.activity.dispose();
+    this.notify.dispose();
     this.share?.dispose();
     this.draftField?.close();
     if (this.frame) cancelAnimationFrame(this.frame);
@@ -692,6 +698,7 @@ function route() {
   if (ended) return;
   const m = location.hash.match(/^#\/s\/([\w-]+)(?:\/([\w-]+))?/);
   currentView?.dispose();
+  tab.title('Tandem');
   if (location.hash === '#/admin') currentView = new AdminView({ token, crumbsEl });
   else currentView = m ? new ChatView(m[1], m[2]) : new SessionsView();
   viewEl.replaceChildren(currentView.el);
@@ -714,7 +721,10 @@ window.tandem = {
 function connect() {
   connEl.dataset.conn = client.status;
   setText(connEl, CONN_LABEL[client.status] ?? client.status);
-  client.start().then(route, (e) => {
+  client.start().then(() => {
+    route();
+    waiting.load();
+  }, (e) => {
     if (client.ended) return; // The page says why already.
     setChildren(viewEl, h('div', { class: 'page' }, h('div', { class: 'card error-card' }, `Could not connect: ${e.message}`)));
   });
@@ -760,3 +770,5 @@ async function startAsGuest() {
 
 if (invite) startAsGuest();
 else connect();
+// The worker that shows this person's notifications (web/sw.js).
+registerWorker().catch((e) => console.warn('the service worker did not register', e));

@@ -5,6 +5,8 @@
 // UTF-16 code units (JavaScript string indices) — a positive number keeps
 // that many, a negative one deletes that many, a string inserts itself.
 
+import { sendPresence } from './presence.js';
+
 /** Append a step to `op`, keeping the canonical form the server keeps. */
 function push(op, step) {
   if (step === 0 || step === '') return;
@@ -387,14 +389,18 @@ export class SharedField {
     if (el.selectionStart != null && this.editor.settled()) {
       params.caret = { anchor: el.selectionStart, head: el.selectionEnd };
     }
-    this.client.request('tandem/setPresence', params).catch(() => {});
+    sendPresence(this.client, params).catch(() => {});
   }
 
-  /** The person left every field: still here, but away. */
+  /**
+   * The person left every field, not the chat: here, in no text. Not
+   * `idle`, which tells the server nobody is looking (a person reading the
+   * chat, or pressing a card's button, would be sent their requests).
+   */
   away() {
     if (!this.active) return;
     clearTimeout(this.presenceTimer);
-    this.client.request('tandem/setPresence', { channel: this.chat, target: this.target, state: 'idle' }).catch(() => {});
+    sendPresence(this.client, { channel: this.chat, state: 'active' }).catch(() => {});
   }
 
   note({ method, params: p }) {

@@ -12,6 +12,7 @@
 //   `_meta["tandem/act"]` (written by the host only) name who did what.
 
 import { h, setChildren, setText } from './dom.js';
+import { sendPresence, forgetPresence } from './presence.js';
 
 export const ROLES = ['viewer', 'participant', 'approver', 'owner'];
 
@@ -253,7 +254,7 @@ export class PresenceList {
 
   /** Say this page is here, then ask who else is. */
   async start() {
-    this.client.request('tandem/setPresence', { channel: this.chat, state: 'active' }).catch(() => {});
+    sendPresence(this.client, { channel: this.chat, state: 'active' }).catch(() => {});
     try {
       const r = await this.client.request('tandem/listPresence', { channel: this.chat });
       if (this.closed) return;
@@ -290,6 +291,7 @@ export class PresenceList {
 
   close() {
     this.closed = true;
+    forgetPresence(this.client, this.chat);
     this.client.removeEventListener('notification', this.onNote);
     this.client.removeEventListener('reconnected', this.onReconnected);
     this.people.removeEventListener('name', this.onName);

@@ -47,6 +47,11 @@ pub const ASSETS: &[Asset] = &[
     asset!("/people.js", "people.js", JS),
     asset!("/invites.js", "invites.js", JS),
     asset!("/activity.js", "activity.js", JS),
+    asset!("/presence.js", "presence.js", JS),
+    asset!("/notify.js", "notify.js", JS),
+    asset!("/waiting.js", "waiting.js", JS),
+    // At the root, so its scope is the whole page.
+    asset!("/sw.js", "sw.js", JS),
 ];
 
 /// Register a GET (and HEAD) route per embedded file.
