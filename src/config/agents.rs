@@ -328,6 +328,30 @@ pub struct ClusterTable {
     /// Seconds a channel lease lasts unrenewed.
     #[serde(default)]
     pub lease_secs: Option<f64>,
+    /// NATS user name (with `password_file`).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// File holding the NATS user's password.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// File holding a NATS token.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// A NATS `.creds` file.
+    #[serde(default)]
+    pub creds_file: Option<PathBuf>,
+    /// File holding a NATS NKey seed.
+    #[serde(default)]
+    pub nkey_file: Option<PathBuf>,
+    /// CA certificate (PEM) for NATS's TLS.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS (with `key_file`).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }
 
 impl ClusterTable {
@@ -341,6 +365,20 @@ impl ClusterTable {
         if let Some(s) = self.lease_secs {
             c.lease = Duration::from_secs_f64(s.max(1.0));
         }
+        c.auth = crate::store::NatsAuth {
+            user: self.user.clone(),
+            password_file: self.password_file.clone(),
+            token_file: self.token_file.clone(),
+            creds_file: self.creds_file.clone(),
+            nkey_file: self.nkey_file.clone(),
+            ca_file: self.ca_file.clone(),
+            cert: match (&self.cert_file, &self.key_file) {
+                (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+                (None, None) => None,
+                _ => return Err("`[cluster]`: `cert_file` and `key_file` go together".into()),
+            },
+        };
+        c.auth.check()?;
         Ok(c)
     }
 }

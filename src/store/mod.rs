@@ -24,7 +24,7 @@ use std::sync::Arc;
 use crate::ids::{ChannelUri, JournalPos, ServerSeq};
 
 pub use cluster::{ClusterEvent, ClusterLink, Replicated};
-pub use jetstream::{ClusterConfig, JetStreamJournal};
+pub use jetstream::{ClusterConfig, JetStreamJournal, NatsAuth};
 pub use memory::MemoryJournal;
 pub use settings::{MemorySettings, Settings};
 pub use sqlite::{Durability, SqliteJournal, DEFAULT_COMMIT_WINDOW};

@@ -31,11 +31,18 @@ pub struct NatsServer {
     /// Its client port.
     pub port: u16,
     dir: super::Scratch,
+    /// Options beyond the defaults (users, TLS).
+    extra: Vec<String>,
 }
 
 impl NatsServer {
     /// Start one with a fresh store.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Start one with `extra` options (e.g. `--user`, `--pass`).
+    pub fn start_with(extra: &[&str]) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("free port")
@@ -45,6 +52,7 @@ impl NatsServer {
             child: None,
             port,
             dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         s.restart();
         s
@@ -79,6 +87,7 @@ impl NatsServer {
                 "-sd",
             ])
             .arg(self.dir.join("js"))
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -533,3 +533,58 @@ async fn settings_stored_by_one_node_are_read_by_another() {
     .await
     .expect("the checks ran");
 }
+
+/// A NATS that wants a user and password: a node given them (from a file)
+/// works; one without is refused at start, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_logs_in_to_a_nats_that_wants_a_password() {
+    const PASSWORD: &str = "s3cret-nats-password";
+    let nats = NatsServer::start_with(&["--user", "tandem", "--pass", PASSWORD]);
+    let dir = temp_dir("cluster-auth");
+    let password = dir.join("nats-password");
+    std::fs::write(&password, format!("{PASSWORD}\n")).expect("write");
+
+    let url = nats.url();
+    let refused = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args([
+                "serve",
+                "--bind",
+                "127.0.0.1:0",
+                "--cluster",
+                &url,
+                "--node-id",
+                "x",
+            ])
+            .output()
+            .expect("run tandem")
+    })
+    .await
+    .expect("ran");
+    assert!(!refused.status.success(), "started without credentials");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.to_lowercase().contains("authorization"), "{err}");
+
+    let a = ServerProcess::spawn_with(
+        &dir.join("a.log"),
+        &[
+            "--cluster",
+            &nats.url(),
+            "--node-id",
+            "a",
+            "--nats-user",
+            "tandem",
+            "--nats-password-file",
+            password.to_str().expect("utf-8"),
+        ],
+    );
+    let mut c = a.client("ann").await;
+    let (session, _) = c.create_session().await;
+    assert_eq!(
+        title(&mut c, &session, "through a secured NATS").await,
+        None
+    );
+    assert_eq!(session_title(&a, &session).await, "through a secured NATS");
+    let log = std::fs::read_to_string(dir.join("a.log")).unwrap_or_default();
+    assert!(!log.contains(PASSWORD), "the password is never logged");
+}

@@ -171,6 +171,30 @@ pub struct ServeArgs {
     /// This node's name in the cluster (letters, digits, `-`, `_`).
     #[arg(long, env = "TANDEM_NODE_ID", value_name = "NAME")]
     pub node_id: Option<String>,
+    /// NATS user name (with `--nats-password-file`).
+    #[arg(long, value_name = "NAME")]
+    pub nats_user: Option<String>,
+    /// File holding the NATS user's password.
+    #[arg(long, value_name = "FILE")]
+    pub nats_password_file: Option<std::path::PathBuf>,
+    /// File holding a NATS token.
+    #[arg(long, value_name = "FILE")]
+    pub nats_token_file: Option<std::path::PathBuf>,
+    /// A NATS `.creds` file (user JWT and NKey seed).
+    #[arg(long, value_name = "FILE")]
+    pub nats_creds: Option<std::path::PathBuf>,
+    /// File holding a NATS NKey seed.
+    #[arg(long, value_name = "FILE")]
+    pub nats_nkey_file: Option<std::path::PathBuf>,
+    /// CA certificate (PEM) NATS's certificate must chain to; TLS required.
+    #[arg(long, value_name = "FILE")]
+    pub nats_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for mutual TLS with NATS (with `--nats-key`).
+    #[arg(long, value_name = "FILE", requires = "nats_key")]
+    pub nats_cert: Option<std::path::PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, value_name = "FILE", requires = "nats_cert")]
+    pub nats_key: Option<std::path::PathBuf>,
     /// Seconds a channel lease lasts without renewal (renewed three times
     /// per period): how long a dead node's channels stay unwritable.
     #[arg(long, default_value_t = 10.0)]
@@ -527,6 +551,8 @@ impl ServeArgs {
                 crate::store::ClusterConfig::parse(urls, self.node_id.as_deref().unwrap_or(""))
                     .map_err(anyhow::Error::msg)?;
             c.lease = std::time::Duration::from_secs_f64(self.lease_secs.max(1.0));
+            c.auth = self.nats_auth(crate::store::NatsAuth::default());
+            c.auth.check().map_err(anyhow::Error::msg)?;
             return Ok(Some(c));
         }
         match file.and_then(|f| f.cluster.as_ref()) {
@@ -538,10 +564,34 @@ impl ServeArgs {
                     // `--lease-secs` (or the file's `lease_secs` key).
                     c.lease = std::time::Duration::from_secs_f64(self.lease_secs.max(1.0));
                 }
+                c.auth = self.nats_auth(c.auth);
+                c.auth.check().map_err(anyhow::Error::msg)?;
                 Ok(Some(c))
             }
             None => Ok(None),
         }
+    }
+
+    /// `file`'s NATS credentials with the flags given over them.
+    fn nats_auth(&self, file: crate::store::NatsAuth) -> crate::store::NatsAuth {
+        let mut a = file;
+        let over = |f: &Option<std::path::PathBuf>, v: &mut Option<std::path::PathBuf>| {
+            if f.is_some() {
+                v.clone_from(f);
+            }
+        };
+        if self.nats_user.is_some() {
+            a.user.clone_from(&self.nats_user);
+        }
+        over(&self.nats_password_file, &mut a.password_file);
+        over(&self.nats_token_file, &mut a.token_file);
+        over(&self.nats_creds, &mut a.creds_file);
+        over(&self.nats_nkey_file, &mut a.nkey_file);
+        over(&self.nats_ca, &mut a.ca_file);
+        if let (Some(c), Some(k)) = (&self.nats_cert, &self.nats_key) {
+            a.cert = Some((c.clone(), k.clone()));
+        }
+        a
     }
 
     /// The declared agents: the config file's, then the flags'.
@@ -669,6 +719,9 @@ mod tests {
         let secret = secret.to_str().expect("utf-8");
         let cluster = ["--cluster", "nats://10.0.0.1:4222", "--node-id", "n1"];
         let agent = ["--agent", "gem=gemini"];
+        let nats_table = |keys: &str| {
+            format!("[cluster]\nurls = [\"nats://10.0.0.1:4222\"]\nnode_id = \"n1\"\n{keys}")
+        };
         // (key, flags both forms share, the flag, the same as a file).
         let samples: Vec<(&str, Vec<&str>, Vec<&str>, String)> = vec![
             ("bind", vec![], vec!["--bind", "127.0.0.1:7999"], "bind = \"127.0.0.1:7999\"".into()),
@@ -681,6 +734,14 @@ mod tests {
                 "[cluster]\nurls = [\"nats://10.0.0.1:4222\", \"nats://10.0.0.2:4222\"]\nnode_id = \"n1\"\nlease_secs = 5".into(),
             ),
             ("node_id", vec!["--cluster", "nats://10.0.0.1:4222"], vec!["--node-id", "n2"], "node_id = \"n2\"".into()),
+            ("nats_user", vec![], [cluster.as_slice(), &["--nats-user", "t", "--nats-password-file", "/etc/p"]].concat(), nats_table("user = \"t\"\npassword_file = \"/etc/p\"")),
+            ("nats_password_file", vec![], [cluster.as_slice(), &["--nats-user", "u", "--nats-password-file", "/etc/q"]].concat(), nats_table("user = \"u\"\npassword_file = \"/etc/q\"")),
+            ("nats_token_file", vec![], [cluster.as_slice(), &["--nats-token-file", "/etc/t"]].concat(), nats_table("token_file = \"/etc/t\"")),
+            ("nats_creds", vec![], [cluster.as_slice(), &["--nats-creds", "/etc/c.creds"]].concat(), nats_table("creds_file = \"/etc/c.creds\"")),
+            ("nats_nkey_file", vec![], [cluster.as_slice(), &["--nats-nkey-file", "/etc/n"]].concat(), nats_table("nkey_file = \"/etc/n\"")),
+            ("nats_ca", vec![], [cluster.as_slice(), &["--nats-ca", "/etc/ca.pem"]].concat(), nats_table("ca_file = \"/etc/ca.pem\"")),
+            ("nats_cert", vec![], [cluster.as_slice(), &["--nats-cert", "/etc/c.pem", "--nats-key", "/etc/k.pem"]].concat(), nats_table("cert_file = \"/etc/c.pem\"\nkey_file = \"/etc/k.pem\"")),
+            ("nats_key", vec![], [cluster.as_slice(), &["--nats-cert", "/etc/d.pem", "--nats-key", "/etc/l.pem"]].concat(), nats_table("cert_file = \"/etc/d.pem\"\nkey_file = \"/etc/l.pem\"")),
             ("lease_secs", cluster.to_vec(), vec!["--lease-secs", "7"], "lease_secs = 7".into()),
             ("durability", vec![], vec!["--durability", "relaxed"], "durability = \"relaxed\"".into()),
             ("commit_window_ms", vec![], vec!["--commit-window-ms", "7.5"], "commit_window_ms = 7.5".into()),

@@ -105,6 +105,92 @@ pub struct ClusterConfig {
     pub node_id: String,
     /// How long a channel lease lasts without renewal.
     pub lease: Duration,
+    /// Credentials and TLS for a secured NATS.
+    pub auth: NatsAuth,
+}
+
+/// How a node proves itself to NATS and checks the server: files only, so
+/// no secret is on a command line, in the environment or in a log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NatsAuth {
+    /// A user name, with `password_file`.
+    pub user: Option<String>,
+    /// The file holding the user's password.
+    pub password_file: Option<std::path::PathBuf>,
+    /// The file holding a token.
+    pub token_file: Option<std::path::PathBuf>,
+    /// A `.creds` file (a user JWT and its NKey seed).
+    pub creds_file: Option<std::path::PathBuf>,
+    /// The file holding an NKey seed (`SU…`).
+    pub nkey_file: Option<std::path::PathBuf>,
+    /// The CA certificate (PEM) the server's certificate must chain to;
+    /// TLS is then required.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A client certificate (PEM) and its key, for mutual TLS.
+    pub cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl NatsAuth {
+    /// Check the combination: one way to log in at most, a user with a
+    /// password.
+    pub fn check(&self) -> Result<(), String> {
+        let ways = [
+            self.user.is_some() || self.password_file.is_some(),
+            self.token_file.is_some(),
+            self.creds_file.is_some(),
+            self.nkey_file.is_some(),
+        ];
+        if ways.iter().filter(|w| **w).count() > 1 {
+            return Err(
+                "NATS: give one of a user and password, a token, a creds file or an NKey seed"
+                    .into(),
+            );
+        }
+        if self.user.is_some() != self.password_file.is_some() {
+            return Err("NATS: a user needs a password file, and a password file a user".into());
+        }
+        Ok(())
+    }
+
+    /// `opts` with these credentials and TLS settings.
+    async fn apply(
+        &self,
+        mut opts: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions, JournalError> {
+        let secret = |p: &std::path::Path| -> Result<String, JournalError> {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| unavailable(&format!("read {}", p.display()), e))?;
+            let t = text.trim().to_owned();
+            if t.is_empty() {
+                return Err(unavailable(&format!("read {}", p.display()), "it is empty"));
+            }
+            Ok(t)
+        };
+        if let (Some(user), Some(p)) = (&self.user, &self.password_file) {
+            opts = opts.user_and_password(user.clone(), secret(p)?);
+        }
+        if let Some(p) = &self.token_file {
+            opts = opts.token(secret(p)?);
+        }
+        if let Some(p) = &self.nkey_file {
+            opts = opts.nkey(secret(p)?);
+        }
+        if let Some(p) = &self.creds_file {
+            opts = opts
+                .credentials_file(p)
+                .await
+                .map_err(|e| unavailable(&format!("read {}", p.display()), e))?;
+        }
+        if let Some(ca) = &self.ca_file {
+            opts = opts.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let Some((cert, key)) = &self.cert {
+            opts = opts
+                .add_client_certificate(cert.clone(), key.clone())
+                .require_tls(true);
+        }
+        Ok(opts)
+    }
 }
 
 impl ClusterConfig {
@@ -135,6 +221,7 @@ impl ClusterConfig {
             urls,
             node_id: node_id.to_owned(),
             lease: Duration::from_secs(10),
+            auth: NatsAuth::default(),
         })
     }
 }
@@ -259,10 +346,12 @@ impl JetStreamJournal {
             .recv()
             .map_err(|e| unavailable("its thread", e))?
             .map_err(|e| unavailable("its runtime", e))?;
+        cfg.auth.check().map_err(|e| unavailable("connect", e))?;
         let urls = cfg.urls.clone();
         let lease = cfg.lease;
+        let auth = cfg.auth.clone();
         let nats = rt
-            .spawn(async move { Nats::open(&urls, lease).await })
+            .spawn(async move { Nats::open(&urls, lease, &auth).await })
             .await
             .map_err(|e| unavailable("connect", e))??;
         let journal = Self {

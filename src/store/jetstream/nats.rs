@@ -67,7 +67,11 @@ fn reconnect_delay(attempts: usize, lease: Duration) -> Duration {
 }
 
 impl Nats {
-    pub(super) async fn open(urls: &[String], lease: Duration) -> Result<Self, JournalError> {
+    pub(super) async fn open(
+        urls: &[String],
+        lease: Duration,
+        auth: &super::NatsAuth,
+    ) -> Result<Self, JournalError> {
         let addrs: Vec<async_nats::ServerAddr> = urls
             .iter()
             .map(|u| u.parse())
@@ -79,12 +83,25 @@ impl Nats {
         // waits for.
         let (connected_tx, mut connected) = tokio::sync::watch::channel(false);
         let connected_tx = Arc::new(connected_tx);
-        let client = async_nats::ConnectOptions::new()
+        // The last thing the connection said went wrong, for the error a
+        // start that cannot connect gives (a refused login, a bad
+        // certificate).
+        let last_error = Arc::new(parking_lot::Mutex::new(None::<String>));
+        let heard = last_error.clone();
+        let opts = auth.apply(async_nats::ConnectOptions::new()).await?;
+        let client = opts
             .name("tandem")
             .event_callback(move |event| {
                 let notify = notify.clone();
                 let connected_tx = connected_tx.clone();
+                let heard = heard.clone();
                 async move {
+                    if matches!(
+                        event,
+                        async_nats::Event::ClientError(_) | async_nats::Event::ServerError(_)
+                    ) {
+                        *heard.lock() = Some(event.to_string());
+                    }
                     tracing::info!(%event, "NATS connection");
                     if matches!(event, async_nats::Event::Connected) {
                         connected_tx.send_replace(true);
@@ -106,7 +123,10 @@ impl Nats {
         if !up {
             return Err(unavailable(
                 "connect",
-                format!("no NATS server answered at {} within 10 s", urls.join(", ")),
+                match last_error.lock().clone() {
+                    Some(e) => format!("could not connect to {} within 10 s: {e}", urls.join(", ")),
+                    None => format!("no NATS server answered at {} within 10 s", urls.join(", ")),
+                },
             ));
         }
         let js = jetstream::ContextBuilder::new()
