@@ -98,6 +98,42 @@ fn adopt(shared: Arc<Shared>, root: ChannelAddr, uri: ChannelUri) {
     });
 }
 
+/// How long a request naming a channel this node has not adopted yet
+/// waits for it (read from the store, then started here).
+const FETCH_WAIT: Duration = Duration::from_secs(3);
+
+/// Make sure this node has `uri`, a channel another node may just have
+/// created (its announcement not heard here yet): read it from the store
+/// and start this node's copy now, a chat's session first. `true` once the
+/// channel is here; `false` when the store does not hold it (or it did
+/// not start within [`FETCH_WAIT`]). Read-your-writes across nodes: a
+/// client told of a channel by one node can use it on any other at once.
+pub(super) async fn fetch(shared: Arc<Shared>, root: ChannelAddr, uri: ChannelUri) -> bool {
+    if shared.registry.contains(&uri) {
+        return true;
+    }
+    if shared.cluster.is_none() {
+        return false;
+    }
+    let Some(c) = load(&shared, &uri).await else {
+        return false;
+    };
+    match (c.info.kind, c.info.session.clone()) {
+        (ChannelKind::Session, _) => root.adopt_session(c),
+        (ChannelKind::Chat, Some(session)) => {
+            if !Box::pin(fetch(shared.clone(), root.clone(), session.clone())).await {
+                return false;
+            }
+            let Some(s) = shared.registry.get(&session) else {
+                return false;
+            };
+            s.addr.adopt_chat(c);
+        }
+        (ChannelKind::Chat, None) => return false,
+    }
+    shared.registry.wait_for(&uri, FETCH_WAIT).await.is_some()
+}
+
 /// A channel as the store holds it now (`None`: gone, or unreadable —
 /// logged).
 async fn load(shared: &Arc<Shared>, uri: &ChannelUri) -> Option<RecoveredChannel> {

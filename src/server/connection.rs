@@ -322,6 +322,35 @@ impl Connection {
         if self.out.is_closing() {
             return;
         }
+        if self.app.shared.cluster.is_some() {
+            let unknown: Vec<ChannelUri> = named_channels(&inc)
+                .into_iter()
+                .filter(|u| !self.app.shared.registry.contains(u))
+                .collect();
+            if !unknown.is_empty() {
+                // Another node may just have made it: fetch it, then answer
+                // (later messages wait, so replies keep their order).
+                let (shared, root) = (self.app.shared.clone(), self.app.root.clone());
+                let fetched = async move {
+                    for u in unknown {
+                        super::cluster::fetch(shared.clone(), root.clone(), u).await;
+                    }
+                };
+                ctx.wait(
+                    fetched
+                        .into_actor(self)
+                        .map(move |(), act, ctx| act.route_message(inc, frame_bytes, ctx)),
+                );
+                return;
+            }
+        }
+        self.route_message(inc, frame_bytes, ctx);
+    }
+
+    fn route_message(&mut self, inc: Incoming, frame_bytes: usize, ctx: &mut Context<Self>) {
+        if self.out.is_closing() {
+            return;
+        }
         let id = inc.id.clone().unwrap_or(Value::Null);
         if let Err(err) = self.route(inc, frame_bytes, ctx) {
             self.reply_error(&id, err);
@@ -410,4 +439,53 @@ mod tests {
         assert!(!close_at_expiry(&out, Some(tokio::time::Instant::now())).await);
         assert_eq!(out.close_cause(), Some(CloseCause::Overflow));
     }
+}
+
+/// The channels a request names that must exist for it to be answered
+/// (not a new session's, nor on the hot paths of actions, edits and
+/// presence, which follow a subscription).
+fn named_channels(inc: &Incoming) -> Vec<ChannelUri> {
+    use crate::protocol::methods as m;
+    if [
+        m::PING,
+        m::INITIALIZE,
+        m::CREATE_SESSION,
+        m::DISPATCH_ACTION,
+        m::EDIT_TEXT,
+        m::SET_PRESENCE,
+    ]
+    .contains(&inc.method.as_str())
+    {
+        return Vec::new();
+    }
+    let parsed;
+    let v = match &inc.params {
+        crate::protocol::Params::Value(v) => v,
+        crate::protocol::Params::Raw(raw) => match serde_json::from_str::<Value>(raw.get()) {
+            Ok(v) => {
+                parsed = v;
+                &parsed
+            }
+            Err(_) => return Vec::new(),
+        },
+    };
+    let mut out = Vec::new();
+    let mut add = |u: &Value| {
+        if let Some(s) = u
+            .as_str()
+            .filter(|s| s.starts_with("ahp-session:") || s.starts_with("ahp-chat:"))
+        {
+            out.push(ChannelUri::from(s));
+        }
+    };
+    if inc.method == m::RECONNECT {
+        for u in v["subscriptions"].as_array().into_iter().flatten() {
+            add(u);
+        }
+    } else {
+        add(&v["channel"]);
+        add(&v["session"]);
+    }
+    out.truncate(64);
+    out
 }

@@ -588,3 +588,27 @@ async fn a_node_logs_in_to_a_nats_that_wants_a_password() {
     let log = std::fs::read_to_string(dir.join("a.log")).unwrap_or_default();
     assert!(!log.contains(PASSWORD), "the password is never logged");
 }
+
+/// Read-your-writes across nodes: a session created on one node, and its
+/// default chat, can be subscribed on another node right away, every time
+/// (the other node reads what it has not heard of yet from the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_made_on_one_node_opens_on_another_at_once() {
+    let nats = NatsServer::start();
+    let dir = temp_dir("cluster-ryw");
+    let a = node(&dir, &nats, "a");
+    let b = node(&dir, &nats, "b");
+    let on_a = a.client("ann").await;
+    let on_b = b.client("bob").await;
+    for i in 0..100 {
+        let (session, chat) = on_a.create_session().await;
+        on_b.client
+            .subscribe(session.clone())
+            .await
+            .unwrap_or_else(|e| panic!("try {i}: subscribe to {session} on b: {e:?}"));
+        on_b.client
+            .subscribe(chat.clone())
+            .await
+            .unwrap_or_else(|e| panic!("try {i}: subscribe to {chat} on b: {e:?}"));
+    }
+}
