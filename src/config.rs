@@ -50,6 +50,9 @@ pub struct Config {
     pub turns_page: u64,
     /// How long a disconnected provider's turns wait for it to come back.
     pub provider_grace: Duration,
+    /// On a cluster node: how long a chat another node owns stays applied
+    /// here after the last local connection watching it left.
+    pub follow_grace: Duration,
     /// Unsent bytes a connection may queue before it is evicted.
     pub outbound_limit_bytes: usize,
     /// Largest accepted WebSocket frame.
@@ -198,6 +201,7 @@ impl Default for Config {
             max_replay_bytes: 4 * 1024 * 1024,
             snapshot_every: 64,
             provider_grace: Duration::from_secs(10),
+            follow_grace: Duration::from_secs(30),
             turns_window: 50,
             turns_page: 50,
             outbound_limit_bytes: 8 * 1024 * 1024,

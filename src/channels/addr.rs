@@ -119,6 +119,22 @@ impl ChannelAddr {
         }
     }
 
+    /// Read a chat this node let pass from the store again and apply it
+    /// from now on; resolves once its state is current (before a
+    /// take-over, whose fence expects the journal to end where this node
+    /// read it).
+    pub fn warm(&self) -> impl Future<Output = ()> + 'static {
+        let sent = match self {
+            ChannelAddr::Chat(a) => Some(a.send(super::Warm)),
+            _ => None,
+        };
+        async move {
+            if let Some(sent) = sent {
+                let _ = sent.await;
+            }
+        }
+    }
+
     /// This node hands the channel over: resolves once the actor follows.
     pub fn demote(&self) -> impl Future<Output = ()> + 'static {
         let sent = match self {

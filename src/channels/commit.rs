@@ -114,6 +114,11 @@ pub trait ChannelActor: Actor<Context = Context<Self>> {
     /// what that owner was running, as after a crash.
     fn promoted(&mut self, _ctx: &mut Context<Self>) {}
 
+    /// Someone on this node needs the channel's state: a follower copy
+    /// that let the owner's batches pass reads it from the store and
+    /// applies them again (only chats are ever cold).
+    fn warm(&mut self, _ctx: &mut Context<Self>) {}
+
     /// A client's action: refused while the channel is read-only, otherwise
     /// checked by `check` (which reduces it into the state when it passes)
     /// and committed. The dispatcher gets the rejection, or its echo.
@@ -288,8 +293,9 @@ macro_rules! channel_reads {
             fn handle(
                 &mut self,
                 msg: $crate::channels::Subscribe,
-                _: &mut Self::Context,
+                ctx: &mut Self::Context,
             ) -> Self::Result {
+                $crate::channels::commit::ChannelActor::warm(self, ctx);
                 let (core, state) = $crate::channels::commit::ChannelActor::parts(self);
                 core.subscribe(&msg.conn, state)
             }
@@ -308,6 +314,10 @@ macro_rules! channel_reads {
 
             fn handle(&mut self, msg: $crate::channels::Resync, ctx: &mut Self::Context) {
                 let (core, _) = $crate::channels::commit::ChannelActor::parts(self);
+                if core.cold {
+                    // Read from the store when it is watched.
+                    return;
+                }
                 core.journal_len = msg.0;
                 $crate::channels::following::Following::resync(self, ctx);
             }
@@ -327,6 +337,7 @@ macro_rules! channel_reads {
             type Result = ();
 
             fn handle(&mut self, _: $crate::channels::Promote, ctx: &mut Self::Context) {
+                $crate::channels::commit::ChannelActor::warm(self, ctx);
                 let (core, _) = $crate::channels::commit::ChannelActor::parts(self);
                 if !core.follower {
                     return;
@@ -348,10 +359,19 @@ macro_rules! channel_reads {
             type Result = $state;
         }
 
+        impl actix::Handler<$crate::channels::Warm> for $actor {
+            type Result = ();
+
+            fn handle(&mut self, _: $crate::channels::Warm, ctx: &mut Self::Context) {
+                $crate::channels::commit::ChannelActor::warm(self, ctx);
+            }
+        }
+
         impl actix::Handler<$get> for $actor {
             type Result = actix::MessageResult<$get>;
 
-            fn handle(&mut self, _: $get, _: &mut Self::Context) -> Self::Result {
+            fn handle(&mut self, _: $get, ctx: &mut Self::Context) -> Self::Result {
+                $crate::channels::commit::ChannelActor::warm(self, ctx);
                 actix::MessageResult(self.state.clone())
             }
         }

@@ -79,6 +79,12 @@ pub struct ChannelCore {
     /// what it appends ([`super::commit::ChannelActor::replicated`]) and
     /// forwards its clients' actions to it.
     pub follower: bool,
+    /// A follower chat nobody on this node watches: its batches pass this
+    /// node by and its state is not kept; it is read from the store again
+    /// when someone here needs it (`crate::channels::chat::interest`).
+    pub cold: bool,
+    /// Since when no connection of this node watches this followed channel.
+    pub idle_since: Option<tokio::time::Instant>,
     /// A follower that could not read the channel again has a retry due
     /// ([`super::commit::ChannelActor::resync`]).
     pub resync_due: bool,
@@ -103,6 +109,8 @@ impl ChannelCore {
         let follower = shared.follows(&uri);
         Self {
             follower,
+            cold: false,
+            idle_since: None,
             resync_due: false,
             forwarded: std::collections::HashMap::new(),
             uri,

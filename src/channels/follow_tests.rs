@@ -25,6 +25,8 @@ use crate::transport::Outbound;
 struct FakeLink {
     forwarded: tokio::sync::watch::Sender<Vec<Vec<u8>>>,
     reply: Vec<u8>,
+    /// The chats this node applies now.
+    watched: parking_lot::Mutex<std::collections::HashSet<ChannelUri>>,
 }
 
 impl FakeLink {
@@ -32,6 +34,7 @@ impl FakeLink {
         Arc::new(Self {
             forwarded: tokio::sync::watch::channel(Vec::new()).0,
             reply,
+            watched: Default::default(),
         })
     }
 
@@ -58,6 +61,14 @@ impl ClusterLink for FakeLink {
         false
     }
     fn follows(&self, _: &ChannelUri) {}
+    fn watch(&self, channel: &ChannelUri, on: bool) {
+        let mut w = self.watched.lock();
+        if on {
+            w.insert(channel.clone());
+        } else {
+            w.remove(channel);
+        }
+    }
     fn follow(&self, _: Arc<dyn Fn(ClusterEvent) + Send + Sync>) {}
     fn forward(&self, _: &ChannelUri, body: Vec<u8>) -> LinkFuture<Result<Vec<u8>, String>> {
         self.forwarded.send_modify(|f| f.push(body));
@@ -116,6 +127,20 @@ async fn follow(
     link: Arc<FakeLink>,
     uri: &str,
 ) -> actix::Addr<super::session::SessionActor> {
+    let follower = follower_node(journal, agents, link).await;
+    let Some(ChannelAddr::Session(copy)) = follower.registry.get(uri).map(|c| c.addr) else {
+        panic!("the follower has the session");
+    };
+    copy
+}
+
+/// Another node on `journal`, reaching the owner through `link`, restored
+/// from the store.
+async fn follower_node(
+    journal: &Arc<TestJournal>,
+    agents: Arc<TestAgents>,
+    link: Arc<FakeLink>,
+) -> Arc<super::context::Shared> {
     let follower = Arc::new(
         super::context::Shared::new(
             crate::Config::default(),
@@ -133,10 +158,7 @@ async fn follow(
         .await
         .expect("root runs")
         .expect("restored");
-    let Some(ChannelAddr::Session(copy)) = follower.registry.get(uri).map(|c| c.addr) else {
-        panic!("the follower has the session");
-    };
-    copy
+    follower
 }
 
 /// A new connection subscribed to `copy`.
@@ -344,4 +366,112 @@ async fn a_forwarded_action_a_follower_reads_again_after_a_gap_is_echoed_to_its_
         frames[1].contains("from ann") && frames[1].contains(r#""clientId":"ann""#),
         "{frames:?}"
     );
+}
+
+/// Following by interest: a chat another node owns is not applied on a
+/// node where nobody watches it; a subscriber there gets it read from the
+/// store and live from then on; once the last one left for the grace
+/// period, it passes by again, and a reconnect naming it gets a snapshot.
+#[actix::test]
+async fn a_chat_is_applied_only_while_someone_on_the_node_watches_it() {
+    tokio::time::pause();
+    let (session, chat) = ("ahp-session:/s", "ahp-chat:/s/c");
+    let journal = Arc::new(TestJournal::default());
+    let (agents, _turns) = TestAgents::new();
+    let owner = testing::shared(journal.clone(), agents.clone());
+    let (owner_root, _) = testing::root(&owner).await;
+    let owned = testing::session(&owner, &owner_root, session).await;
+    ChannelAddr::Session(owned)
+        .create_chat(chat.into(), None)
+        .expect("a session")
+        .await
+        .expect("chat created");
+    let Some(ChannelAddr::Chat(owned_chat)) = owner.registry.get(chat).map(|c| c.addr) else {
+        panic!("the owner has the chat");
+    };
+    let owner_conn = Arc::new(Outbound::new(1 << 20));
+    let draft = |text: &str, seq: i64| {
+        owned_chat.do_send(testing::dispatch(
+            &owner_conn,
+            seq,
+            serde_json::json!({"type": "chat/draftChanged", "draft": {"text": text, "origin": {"kind": "user"}}}),
+        ));
+    };
+
+    let link = FakeLink::new(ForwardReply::Done.encode());
+    let node = follower_node(&journal, agents, link.clone()).await;
+    let copy = node.registry.get(chat).expect("the follower has the chat");
+    let ChannelAddr::Chat(copy_addr) = copy.addr.clone() else {
+        panic!("a chat");
+    };
+    // Not watched here: its batches pass, nothing is published.
+    let start = journal.len(&chat.into()).get();
+    draft("one", 1);
+    journal
+        .wait_event("the first draft", |e| e.contains("\"one\""))
+        .await;
+    let before = node.publisher.current();
+    copy_addr.do_send(Replicate(batch(&journal, chat, start, start + 1)));
+    copy.addr.demote().await; // the actor handled what came before
+    assert!(link.watched.lock().is_empty(), "nobody watches it yet");
+    assert_eq!(node.publisher.current(), before, "nothing applied");
+
+    // A subscriber here: read from the store, then applied live.
+    let watcher = Arc::new(Outbound::new(1 << 20));
+    let snap = copy_addr
+        .send(Subscribe {
+            conn: watcher.clone(),
+            view_turns: None,
+        })
+        .await
+        .expect("runs")
+        .expect("subscribed");
+    assert!(
+        snap.0.contains("\"one\""),
+        "read from the store: {}",
+        snap.0
+    );
+    assert!(link.watched.lock().contains(&ChannelUri::from(chat)));
+    let warmed_at = node.publisher.current();
+    draft("two", 2);
+    journal
+        .wait_event("the second draft", |e| e.contains("\"two\""))
+        .await;
+    copy_addr.do_send(Replicate(batch(&journal, chat, start + 1, start + 2)));
+    let got = testing::next_frames(&watcher).await;
+    assert!(got.iter().any(|f| f.contains("\"two\"")), "{got:?}");
+    // A reconnect from before it was watched here gets a snapshot; one
+    // that saw the envelope after, the replay.
+    let replay = |from: ServerSeq| {
+        let conn = Arc::new(Outbound::new(1 << 20));
+        node.publisher.replay_and_subscribe(
+            from,
+            &[(chat.into(), copy.hub.clone())],
+            &conn,
+            1 << 20,
+            |_| {},
+        )
+    };
+    assert!(matches!(replay(before), crate::publish::Replay::TooOld));
+    assert!(matches!(replay(warmed_at), crate::publish::Replay::TooOld));
+    assert!(matches!(
+        replay(ServerSeq::new(warmed_at.get() + 1)),
+        crate::publish::Replay::Envelopes(e) if e.is_empty()
+    ));
+
+    // The last subscriber leaves (those replays subscribed too): once the
+    // grace has passed, it passes this node by again.
+    for id in copy.hub.ids() {
+        copy.hub.remove(id);
+    }
+    let grace = node.config.follow_grace;
+    tokio::time::sleep(grace / 2).await;
+    assert!(!link.watched.lock().is_empty(), "kept within the grace");
+    tokio::time::sleep(grace).await;
+    copy.addr.demote().await; // the actor handled what came before
+    assert!(link.watched.lock().is_empty(), "let go after the grace");
+    assert!(matches!(
+        replay(node.publisher.current()),
+        crate::publish::Replay::TooOld
+    ));
 }

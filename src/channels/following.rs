@@ -23,6 +23,10 @@ pub trait Following: ChannelActor {
     fn replicated(&mut self, ctx: &mut Context<Self>, r: Replicated) {
         let core = self.parts().0;
         let end = r.pos.plus(r.records.len() as u64);
+        if core.cold {
+            // Nobody here watches it: read from the store when someone does.
+            return;
+        }
         if end <= core.journal_len {
             return;
         }
@@ -117,6 +121,8 @@ pub trait Following: ChannelActor {
         let Some(link) = core.shared.cluster.clone() else {
             return;
         };
+        // Its echo comes back through this copy.
+        core.idle_since = None;
         let ClientDispatch {
             conn,
             origin,

@@ -169,6 +169,13 @@ pub struct Resync(pub crate::ids::JournalPos);
 #[rtype(result = "()")]
 pub struct Demote;
 
+/// Someone on this node needs the channel's state (a take-over, or a
+/// subscriber): a copy that let the owner's batches pass reads the
+/// channel from the store and applies them again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Warm;
+
 /// This node took the channel over (its owner went away).
 #[derive(Message)]
 #[rtype(result = "()")]

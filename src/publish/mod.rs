@@ -122,6 +122,11 @@ struct SeqState {
     evicted: ServerSeq,
     /// Bytes of the envelopes in `ring`.
     ring_bytes: usize,
+    /// Channels whose envelopes this node did not publish for a while (a
+    /// chat another cluster node owns that nobody here watched): a
+    /// reconnect from the number kept for one, or before, gets snapshots. `MAX`
+    /// while the channel is not applied at all.
+    gaps: std::collections::HashMap<ChannelUri, ServerSeq>,
 }
 
 /// The start of every `action` notification, before its envelope.
@@ -316,6 +321,7 @@ impl Publisher {
                 ring: VecDeque::with_capacity(ring_len.min(1 << 16)),
                 evicted: ServerSeq::ZERO,
                 ring_bytes: 0,
+                gaps: std::collections::HashMap::new(),
             }),
             ring_len,
             ring_bytes_limit: ring_bytes,
@@ -382,6 +388,32 @@ impl Publisher {
     /// a new block): what a snapshot taken now carries as `fromSeq`.
     pub fn current(&self) -> ServerSeq {
         self.state.lock().numbers.current()
+    }
+
+    /// Stop publishing `channel` here if `hub` has no subscriber (checked
+    /// under the lock replay subscribes under, so no reconnect slips in
+    /// between): until [`Self::resumed`], a reconnect that names it gets
+    /// snapshots. `false` (nothing changed) when someone subscribes.
+    pub fn pause(&self, channel: &ChannelUri, hub: &Hub) -> bool {
+        let mut st = self.state.lock();
+        if !hub.is_empty() {
+            return false;
+        }
+        st.gaps.insert(channel.clone(), ServerSeq::new(u64::MAX));
+        true
+    }
+
+    /// `channel` is published here again, from now: what it did while
+    /// paused was never in the ring, so a reconnect from now or before gets
+    /// snapshots (one whose last number is now may have been sent the
+    /// fresh snapshot, or nothing since it left: they look the same).
+    pub fn resumed(&self, channel: &ChannelUri) {
+        let mut st = self.state.lock();
+        let now = st.numbers.current();
+        let evicted = st.evicted;
+        st.gaps
+            .retain(|_, from| from.get() == u64::MAX || *from > evicted);
+        st.gaps.insert(channel.clone(), now);
     }
 
     /// Move to the first number of a newly reserved block before anything
@@ -553,7 +585,11 @@ impl Publisher {
         under_lock: impl FnOnce(&[Envelope]),
     ) -> Replay {
         let st = self.state.lock();
-        let covered = st.numbers.handed_out(last_seen) && st.evicted <= last_seen;
+        let covered = st.numbers.handed_out(last_seen)
+            && st.evicted <= last_seen
+            && !channels
+                .iter()
+                .any(|(c, _)| st.gaps.get(c).is_some_and(|from| *from >= last_seen));
         if !covered {
             return Replay::TooOld;
         }

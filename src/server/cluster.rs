@@ -316,6 +316,7 @@ async fn claim_pinned_sessions(shared: &Arc<Shared>, all: &[Channel]) {
                 .filter(|c| c.addr.is_chat() && c.session.as_ref() == Some(&session.uri))
                 .map(|c| c.uri.clone()),
         );
+        warm(shared, &channels).await;
         // The last batches of the old owner may still be on their way here.
         for _ in 0..HANDOFF_TRIES {
             match link.take_over(channels.clone()).await {
@@ -334,6 +335,17 @@ async fn claim_pinned_sessions(shared: &Arc<Shared>, all: &[Channel]) {
                 Ok(false) => tokio::time::sleep(HANDOFF_RETRY).await,
                 Err(_) => break,
             }
+        }
+    }
+}
+
+/// Have the chats among `channels` that this node let pass read from the
+/// store and applied again: a take-over's fence expects the journal to end
+/// where this node read it.
+async fn warm(shared: &Arc<Shared>, channels: &[ChannelUri]) {
+    for uri in channels {
+        if let Some(c) = shared.registry.get(uri) {
+            c.addr.warm().await;
         }
     }
 }
@@ -374,6 +386,7 @@ async fn take_over_orphans(shared: Arc<Shared>) {
             continue;
         }
         for chat in link.orphans(strays).await {
+            warm(&shared, std::slice::from_ref(&chat)).await;
             if let Ok(true) = link.take_over(vec![chat.clone()]).await {
                 tracing::warn!(chat = %chat, "this node runs the chat again");
                 if let Some(c) = shared.registry.get(&chat) {
@@ -388,6 +401,7 @@ async fn take_over_orphans(shared: Arc<Shared>) {
                     .filter(|c| c.addr.is_chat() && c.session.as_ref() == Some(&session))
                     .map(|c| c.uri.clone()),
             );
+            warm(&shared, &channels).await;
             match link.take_over(channels.clone()).await {
                 Ok(true) => {
                     tracing::warn!(session = %session, chats = channels.len() - 1, "its node went away: this node runs the session now");

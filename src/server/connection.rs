@@ -398,49 +398,6 @@ impl Connection {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn a_connection_is_closed_when_its_token_expires_and_not_before() {
-        let out = Arc::new(Outbound::new(1 << 20));
-        let lifetime = std::time::Duration::from_secs(3 * 24 * 3600);
-        let deadline = tokio::time::Instant::now() + lifetime;
-        let expiry = tokio::spawn({
-            let out = out.clone();
-            async move { close_at_expiry(&out, Some(deadline)).await }
-        });
-        // The timer's first wait (its longest) is set before time moves.
-        tokio::task::yield_now().await;
-        // Through two of the timer's longest waits, each ending early, then
-        // to a millisecond short of the deadline.
-        for _ in 0..2 {
-            tokio::time::advance(MAX_EXPIRY_WAIT).await;
-            tokio::task::yield_now().await;
-            assert!(!out.is_closing(), "open until the token's exp");
-        }
-        tokio::time::advance(lifetime - 2 * MAX_EXPIRY_WAIT - std::time::Duration::from_millis(1))
-            .await;
-        tokio::task::yield_now().await;
-        assert!(!out.is_closing(), "open until the token's exp");
-        tokio::time::advance(std::time::Duration::from_millis(1)).await;
-        assert!(
-            expiry.await.expect("the timer ends"),
-            "it closed the connection"
-        );
-        assert_eq!(out.close_cause(), Some(CloseCause::TokenExpired));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_expiry_does_not_override_a_close_already_under_way() {
-        let out = Outbound::new(1 << 20);
-        out.close(CloseCause::Overflow);
-        assert!(!close_at_expiry(&out, Some(tokio::time::Instant::now())).await);
-        assert_eq!(out.close_cause(), Some(CloseCause::Overflow));
-    }
-}
-
 /// The channels a request names that must exist for it to be answered
 /// (not a new session's, nor on the hot paths of actions, edits and
 /// presence, which follow a subscription).
@@ -488,4 +445,47 @@ fn named_channels(inc: &Incoming) -> Vec<ChannelUri> {
     }
     out.truncate(64);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_closed_when_its_token_expires_and_not_before() {
+        let out = Arc::new(Outbound::new(1 << 20));
+        let lifetime = std::time::Duration::from_secs(3 * 24 * 3600);
+        let deadline = tokio::time::Instant::now() + lifetime;
+        let expiry = tokio::spawn({
+            let out = out.clone();
+            async move { close_at_expiry(&out, Some(deadline)).await }
+        });
+        // The timer's first wait (its longest) is set before time moves.
+        tokio::task::yield_now().await;
+        // Through two of the timer's longest waits, each ending early, then
+        // to a millisecond short of the deadline.
+        for _ in 0..2 {
+            tokio::time::advance(MAX_EXPIRY_WAIT).await;
+            tokio::task::yield_now().await;
+            assert!(!out.is_closing(), "open until the token's exp");
+        }
+        tokio::time::advance(lifetime - 2 * MAX_EXPIRY_WAIT - std::time::Duration::from_millis(1))
+            .await;
+        tokio::task::yield_now().await;
+        assert!(!out.is_closing(), "open until the token's exp");
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        assert!(
+            expiry.await.expect("the timer ends"),
+            "it closed the connection"
+        );
+        assert_eq!(out.close_cause(), Some(CloseCause::TokenExpired));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expiry_does_not_override_a_close_already_under_way() {
+        let out = Outbound::new(1 << 20);
+        out.close(CloseCause::Overflow);
+        assert!(!close_at_expiry(&out, Some(tokio::time::Instant::now())).await);
+        assert_eq!(out.close_cause(), Some(CloseCause::Overflow));
+    }
 }

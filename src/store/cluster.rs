@@ -66,6 +66,13 @@ pub trait ClusterLink: Send + Sync + 'static {
     /// start its copy of a channel that node created).
     fn follows(&self, channel: &ChannelUri);
 
+    /// Whether this node applies the batches other nodes append to
+    /// `channel` (`true`) or lets them pass (`false`). A chat another node
+    /// owns is applied only while it is watched here (a connection of this
+    /// node subscribes to it); sessions and the root always are, and so is
+    /// every channel this node owns.
+    fn watch(&self, _channel: &ChannelUri, _on: bool) {}
+
     /// Start delivering what happens elsewhere in the cluster to `sink`
     /// (called once, after start-up recovery).
     fn follow(&self, sink: Arc<dyn Fn(ClusterEvent) + Send + Sync>);

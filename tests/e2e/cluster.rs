@@ -612,3 +612,78 @@ async fn a_session_made_on_one_node_opens_on_another_at_once() {
             .unwrap_or_else(|e| panic!("try {i}: subscribe to {chat} on b: {e:?}"));
     }
 }
+
+/// Following by interest: a node applies a chat another node owns only
+/// while one of its own connections watches it. Nobody on b watches: a's
+/// batches pass b by. Bob subscribes on b: the chat is read from the store
+/// and is live from then on. Bob leaves: after the grace b lets it pass
+/// again, and the next subscriber there reads it from the store, current.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_applies_another_nodes_chat_only_while_someone_there_watches_it() {
+    let nats = NatsServer::start();
+    let dir = temp_dir("cluster-interest");
+    let a = node(&dir, &nats, "a");
+    let b = ServerProcess::spawn_with(
+        &dir.join("b.log"),
+        &[
+            "--cluster",
+            &nats.url(),
+            "--node-id",
+            "b",
+            "--lease-secs",
+            "2",
+            "--follow-grace-secs",
+            "1",
+        ],
+    );
+    let mut ca = a.client("ann").await;
+    let (_session, chat) = ca.create_session().await;
+    let draft = |text: &str| {
+        action(
+            json!({"type": "chat/draftChanged", "draft": {"text": text, "origin": {"kind": "user"}}}),
+        )
+    };
+    let text = |m: &crate::common::ChatMirror| m.state.draft.as_ref().map(|d| d.text.clone());
+    let watched = |v: &Value| v["cluster"]["chatsWatched"].as_u64().expect("a count");
+
+    let seq = ca.dispatch(&chat, draft("one")).await;
+    ca.wait_echo(None, seq).await;
+    eventually("b lets a's batch pass", || async {
+        (healthz(b.addr).await["cluster"]["batchesPassed"].as_u64() >= Some(1)).then_some(())
+    })
+    .await;
+    assert_eq!(watched(&healthz(b.addr).await), 0);
+
+    let mut cb = b.client("bob").await;
+    let mut m = cb.subscribe_chat(&chat).await;
+    assert_eq!(text(&m).as_deref(), Some("one"), "read from the store");
+    assert_eq!(watched(&healthz(b.addr).await), 1);
+    let passed = healthz(b.addr).await["cluster"]["batchesPassed"].clone();
+    let seq = ca.dispatch(&chat, draft("two")).await;
+    ca.wait_echo(None, seq).await;
+    cb.wait_for(Some(&mut m), |e| {
+        e.origin.as_ref().is_some_and(|o| o.client_seq == seq)
+    })
+    .await;
+    assert_eq!(text(&m).as_deref(), Some("two"), "applied live");
+    assert_eq!(healthz(b.addr).await["cluster"]["batchesPassed"], passed);
+
+    cb.client.shutdown().await;
+    eventually("b lets the chat go after the grace", || async {
+        (watched(&healthz(b.addr).await) == 0).then_some(())
+    })
+    .await;
+    let seq = ca.dispatch(&chat, draft("three")).await;
+    ca.wait_echo(None, seq).await;
+    eventually("b lets the next batch pass", || async {
+        (healthz(b.addr).await["cluster"]["batchesPassed"] != passed).then_some(())
+    })
+    .await;
+    let later = b.client("bob-later").await;
+    let m = later.subscribe_chat(&chat).await;
+    assert_eq!(
+        text(&m).as_deref(),
+        Some("three"),
+        "read from the store again"
+    );
+}

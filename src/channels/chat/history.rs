@@ -66,6 +66,7 @@ impl Handler<FetchTurns> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, msg: FetchTurns, ctx: &mut Self::Context) {
+        self.ensure_warm(ctx);
         let current = self.state.turns_next_cursor.clone();
         match (&msg.cursor, &current) {
             (None, None) => {

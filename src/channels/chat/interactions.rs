@@ -37,6 +37,7 @@ impl Handler<Interact> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, msg: Interact, ctx: &mut Self::Context) {
+        self.ensure_warm(ctx);
         if let Some(e) = self.core.store_refusal() {
             let _ = msg.reply.send(Settlement::with_reason(
                 Outcome::Aborted,

@@ -21,6 +21,7 @@ mod effects;
 mod handle;
 mod history;
 mod interactions;
+mod interest;
 mod pending;
 mod people;
 #[cfg(test)]
@@ -351,6 +352,10 @@ impl ChannelActor for ChatActor {
         self.report_to_session();
     }
 
+    fn warm(&mut self, ctx: &mut Context<Self>) {
+        self.ensure_warm(ctx);
+    }
+
     fn promoted(&mut self, ctx: &mut Context<Self>) {
         self.texts_promoted();
         self.crashed_turn = false;
@@ -399,6 +404,7 @@ impl Actor for ChatActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.watch_interest(ctx);
         // A follower's turn is its owner's to end.
         if self.core.follower || !std::mem::take(&mut self.crashed_turn) {
             return;
@@ -430,6 +436,7 @@ impl Handler<ClientDispatch> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, msg: ClientDispatch, ctx: &mut Self::Context) {
+        self.ensure_warm(ctx);
         if self.core.follower {
             return self.forward(ctx, msg);
         }

@@ -36,7 +36,8 @@ pub struct GetPending;
 impl Handler<GetPending> for ChatActor {
     type Result = MessageResult<GetPending>;
 
-    fn handle(&mut self, _: GetPending, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, _: GetPending, ctx: &mut Self::Context) -> Self::Result {
+        self.ensure_warm(ctx);
         let turn_id = self
             .state
             .active_turn

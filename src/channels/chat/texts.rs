@@ -405,6 +405,7 @@ impl Handler<OpenText> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, msg: OpenText, ctx: &mut Self::Context) {
+        self.ensure_warm(ctx);
         if self.core.follower && !msg.from_node {
             let request = ForwardRequest::OpenText {
                 channel: self.core.uri.to_string(),
@@ -430,6 +431,7 @@ impl Handler<EditText> for ChatActor {
     type Result = ();
 
     fn handle(&mut self, msg: EditText, ctx: &mut Self::Context) {
+        self.ensure_warm(ctx);
         let EditText {
             target,
             author,

@@ -91,6 +91,7 @@ impl Journal for JetStreamJournal {
     fn remove(&self, channel: &ChannelUri) {
         self.inner.chans.lock().remove(channel);
         self.inner.settled.notify_all();
+        self.inner.watched.lock().remove(channel);
         if self.inner.followed.lock().remove(channel) {
             // Another node's channel: only this node's copy goes (its
             // owner removes what is stored).
@@ -378,6 +379,8 @@ impl Journal for JetStreamJournal {
             "node": self.inner.node,
             "nats": if self.connected() { "connected" } else { "disconnected: writes are refused until it is back" },
             "channelsOwned": self.owned(),
+            "chatsWatched": self.watched().0,
+            "batchesPassed": self.watched().1,
         }))
     }
 

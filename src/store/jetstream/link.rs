@@ -43,6 +43,8 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 /// How long a follow waits before making its consumer or watch again after
 /// it ended (NATS went away or came back).
 const RESUME_AFTER_END: Duration = Duration::from_millis(200);
+/// How a chat's URI starts (the channels followed by interest).
+const CHAT_SCHEME: &str = "ahp-chat:";
 /// How long a channel's owner, once looked up, is trusted.
 const OWNER_TTL: Duration = Duration::from_secs(1);
 
@@ -84,6 +86,10 @@ impl JetStreamJournal {
         payload: &[u8],
     ) -> Option<Replicated> {
         let uri = unhex(subject.strip_prefix(SUBJECT_PREFIX)?.strip_prefix('.')?)?;
+        if self.passes(&uri) {
+            self.inner.passed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
         let header = |name: &str| {
             headers
                 .and_then(|h| h.get(name))
@@ -109,7 +115,7 @@ impl JetStreamJournal {
         };
         let mut chans = self.inner.chans.lock();
         let c = chans.entry(uri.clone()).or_default();
-        if self.inner.owned.lock().remove(&uri).is_some() {
+        if self.inner.disown(&uri) {
             // Another node wrote a channel this node held: it took it over.
             c.fenced = Some(format!("node `{writer}` took the channel over"));
             self.inner.followed.lock().insert(uri.clone());
@@ -140,6 +146,15 @@ impl JetStreamJournal {
                 .collect(),
             origins: batch.origins,
         })
+    }
+
+    /// Whether a batch of `uri` passes this node by: a chat nobody here
+    /// watches and this node does not own. Its state is read from the
+    /// store when someone subscribes here ([`ClusterLink::watch`]).
+    fn passes(&self, uri: &ChannelUri) -> bool {
+        uri.as_str().starts_with(CHAT_SCHEME)
+            && !self.inner.watched.lock().contains(uri)
+            && !self.inner.owned.lock().contains_key(uri)
     }
 
     /// Follow the journal stream from where recovery read it, for ever
@@ -348,6 +363,17 @@ impl JetStreamJournal {
 }
 
 impl Inner {
+    /// This node no longer writes `channel`: its copy here is current, so
+    /// it is applied (watched) until nobody here watches it. `true` when
+    /// this node held it.
+    pub(super) fn disown(&self, channel: &ChannelUri) -> bool {
+        let held = self.owned.lock().remove(channel).is_some();
+        if held {
+            self.watched.lock().insert(channel.clone());
+        }
+        held
+    }
+
     /// The forwarded-request sender, started on first use.
     fn forwarder(self: &Arc<Self>) -> mpsc::UnboundedSender<Outgoing> {
         let mut slot = self.forward_tx.lock();
@@ -396,6 +422,15 @@ impl ClusterLink for JetStreamJournal {
     fn follows(&self, channel: &ChannelUri) {
         if !self.inner.owned.lock().contains_key(channel) {
             self.inner.followed.lock().insert(channel.clone());
+        }
+    }
+
+    fn watch(&self, channel: &ChannelUri, on: bool) {
+        let mut watched = self.inner.watched.lock();
+        if on {
+            watched.insert(channel.clone());
+        } else {
+            watched.remove(channel);
         }
     }
 
@@ -548,8 +583,10 @@ impl ClusterLink for JetStreamJournal {
                 }
                 let mut owned = me.inner.owned.lock();
                 let mut followed = me.inner.followed.lock();
+                let mut watched = me.inner.watched.lock();
                 for l in taken {
                     followed.remove(l.channel.as_str());
+                    watched.remove(l.channel.as_str());
                     owned.insert(ChannelUri::from(l.channel.as_str()), l);
                 }
                 Ok(true)
@@ -569,6 +606,7 @@ impl ClusterLink for JetStreamJournal {
                     for c in channels {
                         me.inner.followed.lock().insert(c.clone());
                         let lease = me.inner.owned.lock().remove(&c);
+                        me.inner.watched.lock().insert(c.clone());
                         if let Some(l) = lease {
                             leases.release(&l).await;
                         }

@@ -287,6 +287,12 @@ struct Inner {
     owned: Mutex<HashMap<ChannelUri, lease::Lease>>,
     /// Channels another node owns: this node follows them.
     followed: Mutex<std::collections::HashSet<ChannelUri>>,
+    /// Chats another node owns whose batches this node applies: watched by
+    /// a connection here ([`crate::store::ClusterLink::watch`]). Every other
+    /// chat's batches pass by undecoded.
+    watched: Mutex<std::collections::HashSet<ChannelUri>>,
+    /// Batches let pass because nobody here watches their chat.
+    passed: std::sync::atomic::AtomicU64,
     /// Who owns the channels this node follows, as last looked up.
     owners: Mutex<link::Owners>,
     /// Requests on their way to other nodes, in order.
@@ -365,6 +371,8 @@ impl JetStreamJournal {
                 settled: parking_lot::Condvar::new(),
                 owned: Mutex::new(HashMap::new()),
                 followed: Mutex::default(),
+                watched: Mutex::default(),
+                passed: std::sync::atomic::AtomicU64::new(0),
                 owners: Mutex::default(),
                 forward_tx: Mutex::new(None),
                 follow_from: std::sync::atomic::AtomicU64::new(0),
@@ -382,6 +390,15 @@ impl JetStreamJournal {
     /// How many channels this node owns.
     pub fn owned(&self) -> usize {
         self.inner.owned.lock().len()
+    }
+
+    /// How many chats another node owns this node applies now (watched
+    /// here), and how many of their batches it let pass since it started.
+    pub fn watched(&self) -> (usize, u64) {
+        (
+            self.inner.watched.lock().len(),
+            self.inner.passed.load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Whether the NATS connection is up.

@@ -33,7 +33,7 @@ impl JetStreamJournal {
                         // the channel written by nobody. Given up, another
                         // node — or this one, once it has read the channel
                         // again — takes it over and ends what was open.
-                        journal.inner.owned.lock().remove(&uri);
+                        journal.inner.disown(&uri);
                         leases.release(&l).await;
                         tracing::warn!(channel = %uri, "lease given up: this node's appends to the channel are refused");
                         continue;
@@ -46,7 +46,7 @@ impl JetStreamJournal {
                             }
                         }
                         Err(lease::LeaseError::Lost(_)) => {
-                            journal.inner.owned.lock().remove(&uri);
+                            journal.inner.disown(&uri);
                             // Expired (NATS was away longer than the lease):
                             // take it again if nobody else wrote meanwhile.
                             match journal.reown(&uri).await {
