@@ -53,6 +53,9 @@ pub struct Config {
     /// On a cluster node: how long a chat another node owns stays applied
     /// here after the last local connection watching it left.
     pub follow_grace: Duration,
+    /// On a cluster node that stops: how long it waits for running turns
+    /// to end before it hands their sessions to the other nodes anyway.
+    pub drain: Duration,
     /// Unsent bytes a connection may queue before it is evicted.
     pub outbound_limit_bytes: usize,
     /// Largest accepted WebSocket frame.
@@ -202,6 +205,7 @@ impl Default for Config {
             snapshot_every: 64,
             provider_grace: Duration::from_secs(10),
             follow_grace: Duration::from_secs(30),
+            drain: Duration::from_secs(30),
             turns_window: 50,
             turns_page: 50,
             outbound_limit_bytes: 8 * 1024 * 1024,

@@ -135,6 +135,20 @@ impl ChannelAddr {
         }
     }
 
+    /// Whether a turn runs in this chat now (never for other channels).
+    pub fn busy(&self) -> impl Future<Output = bool> + 'static {
+        let sent = match self {
+            ChannelAddr::Chat(a) => Some(a.send(super::Busy)),
+            _ => None,
+        };
+        async move {
+            match sent {
+                Some(sent) => sent.await.unwrap_or(false),
+                None => false,
+            }
+        }
+    }
+
     /// This node hands the channel over: resolves once the actor follows.
     pub fn demote(&self) -> impl Future<Output = ()> + 'static {
         let sent = match self {

@@ -43,6 +43,9 @@ pub struct Shared {
     pub access: super::access::AccessBook,
     /// Who is told when a request for a person waits.
     pub notify: crate::notify::Notifier,
+    /// A cluster node that is stopping hands its sessions to the others
+    /// (`server::drain`): not ready for new clients meanwhile.
+    pub draining: std::sync::atomic::AtomicBool,
     /// The threads restored and followed actors are spread on.
     arbiters: Vec<ArbiterHandle>,
     /// Round-robin position in `arbiters`.
@@ -90,6 +93,7 @@ impl Shared {
             homes: Default::default(),
             access: Default::default(),
             notify: crate::notify::Notifier::off(),
+            draining: std::sync::atomic::AtomicBool::new(false),
             arbiters,
             next_arbiter: AtomicUsize::new(0),
         })

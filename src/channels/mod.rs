@@ -176,6 +176,11 @@ pub struct Demote;
 #[rtype(result = "()")]
 pub struct Warm;
 
+/// Whether a turn runs in the chat now (a session or the root: never).
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct Busy;
+
 /// This node took the channel over (its owner went away).
 #[derive(Message)]
 #[rtype(result = "()")]

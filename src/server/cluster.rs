@@ -252,7 +252,7 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
 /// session: its chats, then the session, stop writing here, and their
 /// leases are released for that node to take. Refused while the agent is
 /// connected here too.
-fn hand_over(shared: &Arc<Shared>, session: Channel) -> LinkFuture<Vec<u8>> {
+pub(super) fn hand_over(shared: &Arc<Shared>, session: Channel) -> LinkFuture<Vec<u8>> {
     let pinned = session
         .provider
         .as_deref()

@@ -26,6 +26,7 @@ mod admin;
 pub(crate) mod admission;
 mod audit;
 mod cluster;
+mod drain;
 pub(crate) mod connection;
 mod invites;
 mod notify;
@@ -401,7 +402,11 @@ where
                     config.heartbeat_interval,
                     config.idle_timeout,
                 ));
-                let _ = ready_tx.send((server.handle(), state.connections.clone()));
+                let _ = ready_tx.send((
+                    server.handle(),
+                    state.connections.clone(),
+                    state.shared.clone(),
+                ));
                 server.await.context("serving")?;
                 for a in arbiters {
                     a.stop();
@@ -410,7 +415,7 @@ where
             })
         })
         .context("spawning the server thread")?;
-    let (handle, connections) = match ready_rx.await {
+    let (handle, connections, shared) = match ready_rx.await {
         Ok(ready) => ready,
         Err(_) => {
             return match thread.join() {
@@ -422,6 +427,9 @@ where
     tracing::info!("serving AHP");
     shutdown.await;
     tracing::info!("shutting down");
+    // A cluster node hands its sessions to the others first.
+    let drain_within = shared.config.drain;
+    drain::drain(shared, drain_within).await;
     for conn in connections.queues() {
         conn.close(CloseCause::Shutdown);
     }

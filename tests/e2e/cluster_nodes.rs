@@ -507,3 +507,227 @@ async fn a_session_follows_its_agent_to_the_node_its_provider_connects_to() {
     );
     assert_eq!(fresh(&a, &chat).await, m.state, "a follows b");
 }
+
+/// The next action envelope on `c`, `None` once its connection is gone.
+async fn next_action(c: &mut TestClient) -> Option<ActionEnvelope> {
+    loop {
+        let ev = tokio::time::timeout(crate::common::WAIT, c.events.recv())
+            .await
+            .ok()??;
+        if let ahp::SubscriptionEvent::Action(env) = ev.event {
+            return Some(env);
+        }
+    }
+}
+
+/// A client of `chat` through the node at `url`, with its mirror; `None`
+/// when that node does not serve now (it is stopping or starting).
+async fn try_join(url: &str, id: &str, chat: &str) -> Option<(TestClient, ChatMirror)> {
+    let transport = ahp_ws::WebSocketTransport::connect(url).await.ok()?;
+    let client = ahp::Client::connect(transport, crate::common::client_config())
+        .await
+        .ok()?;
+    let events = client.events();
+    let init = client
+        .initialize(id.into(), vec!["1.0.0".into()], vec![])
+        .await
+        .ok()?;
+    let c = TestClient {
+        client,
+        id: id.into(),
+        events,
+        init,
+    };
+    let res: ahp_types::commands::SubscribeResult = c
+        .client
+        .request("subscribe", json!({"channel": chat}))
+        .await
+        .ok()?;
+    let snap = res.snapshot?;
+    let ahp_types::state::SnapshotState::Chat(state) = snap.state else {
+        return None;
+    };
+    let mirror = ChatMirror {
+        uri: chat.into(),
+        state: *state,
+        from_seq: snap.from_seq as u64,
+    };
+    Some((c, mirror))
+}
+
+/// [`write_turns`] through whichever node of `urls` answers: when its node
+/// goes (a restart), the writer connects to the next one and goes on. A
+/// turn counts as accepted only once its echo came back; one whose echo
+/// was lost with the connection is not counted.
+async fn write_turns_anywhere(
+    urls: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
+    chat: String,
+    writer: usize,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    report: tokio::sync::mpsc::UnboundedSender<Outcome>,
+) -> Vec<String> {
+    let mut accepted = Vec::new();
+    let mut i = 0;
+    let mut next = writer + 1;
+    while !*stop.borrow() {
+        let url = {
+            let u = urls.lock();
+            u[next % u.len()].clone()
+        };
+        next += 1;
+        let Some((mut c, mut m)) = try_join(&url, &format!("w{writer}-{next}"), &chat).await else {
+            let _ = tokio::time::timeout(RETRY_AFTER_REFUSAL, stop.changed()).await;
+            continue;
+        };
+        'connected: while !*stop.borrow() {
+            let text = format!("w{writer}-{i}");
+            i += 1;
+            let sent = c
+                .client
+                .dispatch(
+                    chat.clone().into(),
+                    turn_started(&uuid::Uuid::new_v4().to_string(), &text),
+                )
+                .await;
+            let Ok(ack) = sent else { break };
+            let echo = loop {
+                let Some(env) = next_action(&mut c).await else {
+                    break 'connected;
+                };
+                m.apply(&env);
+                let mine = env
+                    .origin
+                    .as_ref()
+                    .is_some_and(|o| o.client_id == c.id && o.client_seq == ack.client_seq);
+                if mine {
+                    break env;
+                }
+            };
+            let ok = echo.rejection_reason.is_none();
+            let _ = report.send(Outcome {
+                writer,
+                accepted: ok,
+            });
+            if !ok {
+                let _ = tokio::time::timeout(RETRY_AFTER_REFUSAL, stop.changed()).await;
+                continue;
+            }
+            accepted.push(text);
+            while m.state.active_turn.is_some() {
+                let Some(env) = next_action(&mut c).await else {
+                    break 'connected;
+                };
+                m.apply(&env);
+            }
+        }
+    }
+    accepted
+}
+
+/// A rolling restart: each of three nodes in turn is stopped (`SIGTERM`)
+/// and started again while two writers start turns through whichever node
+/// they reach. A stopping node hands its sessions to the others once their
+/// turns have ended, so every echoed turn is kept once and in order, no
+/// turn ends in an error, every node ends serving the same chats, and the
+/// restarted nodes serve again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_three_nodes_loses_nothing_and_ends_no_turn() {
+    let nats = NatsServer::start();
+    let dir = temp_dir("rolling");
+    let ids = ["a", "b", "c"];
+    let mut nodes: Vec<ServerProcess> = ids.iter().map(|id| node(&dir, &nats, id)).collect();
+    let urls = std::sync::Arc::new(parking_lot::Mutex::new(
+        nodes.iter().map(ServerProcess::url).collect::<Vec<_>>(),
+    ));
+    // One session made on a, one on b.
+    let (_, chat1) = nodes[0].client("setup-a").await.create_session().await;
+    let (_, chat2) = nodes[1].client("setup-b").await.create_session().await;
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (mut tally, report) = Tally::new(2);
+    let writers: Vec<_> = [&chat1, &chat2]
+        .into_iter()
+        .enumerate()
+        .map(|(k, chat)| {
+            tokio::spawn(write_turns_anywhere(
+                urls.clone(),
+                chat.clone(),
+                k,
+                stopped.clone(),
+                report.clone(),
+            ))
+        })
+        .collect();
+    drop(report);
+    tally
+        .until("both write", |a, _| a.iter().all(|&n| n >= 2))
+        .await;
+    for (k, id) in ids.iter().enumerate() {
+        crate::common::nats::signal(nodes[k].pid(), "-TERM");
+        let status = nodes[k]
+            .wait_exit(Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("node {id} stops after draining"));
+        assert!(status.success(), "node {id} stopped cleanly: {status:?}");
+        nodes[k] = ServerProcess::spawn_with(
+            &dir.join(format!("{id}-again.log")),
+            &[
+                "--cluster",
+                &nats.url(),
+                "--node-id",
+                id,
+                "--lease-secs",
+                "2",
+            ],
+        );
+        urls.lock()[k] = nodes[k].url();
+        let before = tally.accepted.clone();
+        tally
+            .until(&format!("both write after {id} restarted"), |a, _| {
+                a.iter().zip(&before).all(|(now, then)| *now >= then + 2)
+            })
+            .await;
+    }
+    stop.send_replace(true);
+    let mut accepted = Vec::new();
+    for w in writers {
+        accepted.push(w.await.expect("the writer ran"));
+    }
+    for (chat, accepted) in [&chat1, &chat2].into_iter().zip(&accepted) {
+        eventually("no turn running", || async {
+            fresh(&nodes[0], chat).await.active_turn.is_none().then_some(())
+        })
+        .await;
+        let want = whole(&nodes[0], chat).await;
+        let msgs = messages(&want);
+        let kept: Vec<&String> = msgs.iter().filter(|m| accepted.contains(m)).collect();
+        assert_eq!(
+            kept,
+            accepted.iter().collect::<Vec<_>>(),
+            "every echoed turn kept, once, in order; chat holds {msgs:?}"
+        );
+        let failed: Vec<&str> = want
+            .turns
+            .iter()
+            .filter(|t| t.state == ahp_types::state::TurnState::Error)
+            .map(|t| t.message.text.as_str())
+            .collect();
+        assert!(failed.is_empty(), "turns ended by the restart: {failed:?}");
+        for n in &nodes[1..] {
+            assert_eq!(
+                messages(&whole(n, chat).await),
+                msgs,
+                "every node serves the same chat"
+            );
+        }
+    }
+}
+
+/// `chat` as `node` serves it now, its whole history paged in.
+async fn whole(node: &ServerProcess, chat: &str) -> ChatState {
+    let mut c = node
+        .client(&format!("check-{}", uuid::Uuid::new_v4()))
+        .await;
+    let mut m = c.subscribe_chat(chat).await;
+    crate::common::fetch_all_turns(&mut c, &mut m).await;
+    m.state
+}

@@ -440,6 +440,22 @@ impl Handler<ClientDispatch> for ChatActor {
         if self.core.follower {
             return self.forward(ctx, msg);
         }
+        if matches!(msg.action, StateAction::ChatTurnStarted(_))
+            && self
+                .core
+                .shared
+                .draining
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
+            // Its session goes to another node once the running turn ends:
+            // a new one would hold it here, or be cut short.
+            return self.core.reject(
+                &msg.conn,
+                &msg.origin,
+                &msg.action,
+                "the node running this chat is stopping and hands it to another node; start the turn again in a moment",
+            );
+        }
         // The provider can also start turns like a client would; its other
         // actions are checked as an agent's.
         if msg.as_agent && !matches!(msg.action, StateAction::ChatTurnStarted(_)) {
@@ -469,6 +485,14 @@ impl Handler<ClientDispatch> for ChatActor {
 }
 
 commit::channel_reads!(ChatActor, GetChatState, ChatState);
+
+impl Handler<super::Busy> for ChatActor {
+    type Result = bool;
+
+    fn handle(&mut self, _: super::Busy, _: &mut Self::Context) -> bool {
+        !self.core.cold && self.state.active_turn.is_some()
+    }
+}
 
 /// The request of an input part in the active or a finished turn.
 fn find_input<'a>(state: &'a ChatState, request_id: &str) -> Option<&'a ChatInputRequest> {

@@ -205,6 +205,11 @@ pub struct ServeArgs {
     /// subscribes here again.
     #[arg(long, default_value_t = Config::default().follow_grace.as_secs_f64())]
     pub follow_grace_secs: f64,
+    /// Seconds a cluster node that stops (SIGTERM) waits for the turns
+    /// running in its sessions to end before it hands those sessions to
+    /// the other nodes anyway (idle sessions are handed over at once).
+    #[arg(long, default_value_t = Config::default().drain.as_secs_f64())]
+    pub drain_secs: f64,
     /// `full`: every commit survives power loss (synchronous=FULL).
     /// `relaxed`: survives a process crash, not power loss (synchronous=NORMAL).
     #[arg(long, value_enum, default_value = "full")]
@@ -517,6 +522,7 @@ impl ServeArgs {
                 self.commit_window_ms.max(0.0) / 1000.0,
             ),
             follow_grace: std::time::Duration::from_secs_f64(self.follow_grace_secs.max(0.0)),
+            drain: std::time::Duration::from_secs_f64(self.drain_secs.max(0.0)),
             replay_ring_len: self.replay_ring_len,
             replay_ring_bytes: self.replay_ring_bytes,
             max_replay_bytes: self.max_replay_bytes,
@@ -751,6 +757,7 @@ mod tests {
             ("nats_key", vec![], [cluster.as_slice(), &["--nats-cert", "/etc/d.pem", "--nats-key", "/etc/l.pem"]].concat(), nats_table("cert_file = \"/etc/d.pem\"\nkey_file = \"/etc/l.pem\"")),
             ("lease_secs", cluster.to_vec(), vec!["--lease-secs", "7"], "lease_secs = 7".into()),
             ("follow_grace_secs", cluster.to_vec(), vec!["--follow-grace-secs", "3"], "follow_grace_secs = 3".into()),
+            ("drain_secs", cluster.to_vec(), vec!["--drain-secs", "4"], "drain_secs = 4".into()),
             ("durability", vec![], vec!["--durability", "relaxed"], "durability = \"relaxed\"".into()),
             ("commit_window_ms", vec![], vec!["--commit-window-ms", "7.5"], "commit_window_ms = 7.5".into()),
             ("replay_ring_len", vec![], vec!["--replay-ring-len", "123"], "replay_ring_len = 123".into()),
