@@ -515,7 +515,9 @@ pub async fn run(args: &ClusterArgs, opts: &ServerOpts) -> anyhow::Result<Scenar
     }
     let shapes: Vec<Shape> = args.shapes.iter().map(|&s| Shape::of(s, args)).collect();
     let mut series: Vec<Series> = shapes.iter().map(|_| Series::default()).collect();
+    // Correctness failures, and phases other processes shared (notes only).
     let mut failed = Vec::new();
+    let mut skewed = Vec::new();
     let mut labels = Vec::new();
     for round in 1..=args.rounds.max(1) {
         for &target in &targets {
@@ -528,8 +530,18 @@ pub async fn run(args: &ClusterArgs, opts: &ServerOpts) -> anyhow::Result<Scenar
                 let tag = format!("r{round} {} {}", target.name(), shape.key());
                 match measure(&nodes, shape, args, opts, &tag).await {
                     Ok(f) => {
-                        if !f.problems.is_empty() {
-                            failed.push(format!("{tag}: {}", f.problems.join("; ")));
+                        let (skew, fail): (Vec<&String>, Vec<&String>) = f
+                            .problems
+                            .iter()
+                            .partition(|p| p.ends_with("(figures skewed)"));
+                        let join = |ps: Vec<&String>| {
+                            ps.into_iter().cloned().collect::<Vec<_>>().join("; ")
+                        };
+                        if !fail.is_empty() {
+                            failed.push(format!("{tag}: {}", join(fail)));
+                        }
+                        if !skew.is_empty() {
+                            skewed.push(format!("{tag}: {}", join(skew)));
                         }
                         match target {
                             Target::Sqlite => s.sqlite.push(f),
@@ -553,11 +565,11 @@ pub async fn run(args: &ClusterArgs, opts: &ServerOpts) -> anyhow::Result<Scenar
     for (shape, s) in shapes.iter().zip(&series) {
         report_shape(&mut r, shape, s);
     }
-    for f in &failed {
+    for f in failed.iter().chain(&skewed) {
         r.note(f.clone());
     }
     // Every problem but a busy machine is a correctness failure.
-    r.failed = failed.iter().any(|f| !f.ends_with("(figures skewed)"));
+    r.failed = !failed.is_empty();
     r.note(
         "CPU per delivery = CPU of every Tandem process plus nats-server over deliveries, in \
          the latency phase (same offered rate on both targets); every cluster node applies \
