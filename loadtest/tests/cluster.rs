@@ -105,4 +105,6 @@ async fn spread_reports_cpu_per_delivery_ratio_and_idle_shares_with_every_delive
     assert_eq!(numbers(&row["idle_node_cores"]).len(), 3, "{row}");
     let names: Vec<&str> = r.targets.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names.len(), 2, "{names:?}");
+    // The nodes' logs; kept when an assertion above failed.
+    tandem_loadtest::server::remove_scratch();
 }
