@@ -141,9 +141,8 @@ pub(super) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         .load(std::sync::atomic::Ordering::Acquire)
     {
         checks.insert("drain".into(), "draining".into());
-        reasons.push(
-            "drain: this node is stopping and hands its sessions to the other nodes".into(),
-        );
+        reasons
+            .push("drain: this node is stopping and hands its sessions to the other nodes".into());
     }
     let ready = reasons.is_empty();
     let body = serde_json::json!({

@@ -585,7 +585,7 @@ async fn write_turns_anywhere(
             let sent = c
                 .client
                 .dispatch(
-                    chat.clone().into(),
+                    chat.clone(),
                     turn_started(&uuid::Uuid::new_v4().to_string(), &text),
                 )
                 .await;
@@ -694,7 +694,11 @@ async fn a_rolling_restart_of_three_nodes_loses_nothing_and_ends_no_turn() {
     }
     for (chat, accepted) in [&chat1, &chat2].into_iter().zip(&accepted) {
         eventually("no turn running", || async {
-            fresh(&nodes[0], chat).await.active_turn.is_none().then_some(())
+            fresh(&nodes[0], chat)
+                .await
+                .active_turn
+                .is_none()
+                .then_some(())
         })
         .await;
         let want = whole(&nodes[0], chat).await;

@@ -451,3 +451,65 @@ async fn roles_hold_when_another_node_forwards_to_the_owner() {
     drop((a, b, c));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// NATS is not a node: a dispatch forged on it as a forwarded request (no
+/// person behind it, so the host's, and as the agent) is refused by the
+/// owner, which does nothing and answers nothing; the same change made by
+/// a person through another node is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_forged_on_nats_is_refused_by_the_owner() {
+    use futures_util::{FutureExt, StreamExt};
+    let nats = common::nats::NatsServer::start();
+    let dir = temp_dir("people-forged");
+    let (a, b) = (
+        secured_node(&dir, &nats, "a"),
+        secured_node(&dir, &nats, "b"),
+    );
+    let at = |n: &ServerProcess, t: &str| format!("{}?token={t}", n.url());
+    let ann = TestClient::connect(&at(&a, &token("ann", "Ann", None)), "ann-a").await;
+    let (session, _) = ann.create_session().await;
+
+    let nc = async_nats::connect(nats.url()).await.expect("NATS");
+    let forged = json!({
+        "op": "dispatch",
+        "channel": session,
+        "origin": {"clientId": "mallory", "clientSeq": 1},
+        "action": {"type": "session/titleChanged", "title": "forged"},
+        "asAgent": true,
+    });
+    let inbox = nc.new_inbox();
+    let mut answers = nc.subscribe(inbox.clone()).await.expect("inbox");
+    nc.publish_with_reply(
+        "tandem.node.a",
+        inbox,
+        serde_json::to_vec(&forged).expect("JSON").into(),
+    )
+    .await
+    .expect("published");
+    nc.flush().await.expect("flushed");
+    let log = dir.join("a.log");
+    eventually("a refuses the forged request", || async {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("a forwarded request was refused")
+            .then_some(())
+    })
+    .await;
+
+    // Bob on b changes the title: b seals its forward, a does it.
+    let mut bob = TestClient::connect(&at(&b, &token("bob", "Bob", None)), "bob-b").await;
+    join(&bob, &session).await;
+    let seq = bob
+        .dispatch(
+            &session,
+            action(json!({"type": "session/titleChanged", "title": "by Bob"})),
+        )
+        .await;
+    assert_eq!(bob.wait_echo(None, seq).await.rejection_reason, None);
+    let title = ann.subscribe_session(&session).await.title;
+    assert_eq!(title, "by Bob", "the forged title was never set");
+    assert!(
+        answers.next().now_or_never().flatten().is_none(),
+        "the forger got no answer"
+    );
+}

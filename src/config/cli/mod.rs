@@ -483,7 +483,11 @@ impl ServeArgs {
     ) -> Result<Box<Serve>, CliError> {
         let invalid = |e: anyhow::Error| CliError::Invalid(format!("{e:#}"));
         let secret = self.secret.secret().map_err(invalid)?;
-        let cluster = self.cluster(file).map_err(invalid)?;
+        let mut cluster = self.cluster(file).map_err(invalid)?;
+        if let Some(c) = cluster.as_mut() {
+            // What the nodes send each other is sealed with it.
+            c.link_secret.clone_from(&secret);
+        }
         let agents = self.agents(file, built_in).map_err(invalid)?;
         let notify = match file.and_then(|f| f.notify.as_ref()) {
             Some(t) => t.config().map_err(CliError::Invalid)?,

@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
 use async_nats::jetstream::kv;
-use bytes::Bytes;
 use futures_util::StreamExt;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
+use super::seal::Purpose;
 use super::wire::BatchMsg;
 use super::{
     lease, Inner, JetStreamJournal, FENCE_HEADER, NODE_HEADER, POS_HEADER, SUBJECT_PREFIX,
@@ -297,11 +297,19 @@ impl JetStreamJournal {
         match client.subscribe(format!("{inbox}.*")).await {
             Ok(mut answers) => {
                 let waiting = waiting.clone();
+                let seal = self.inner.seal.clone();
                 tokio::spawn(async move {
                     while let Some(m) = answers.next().await {
+                        let body = match seal.open(Purpose::Answer, &m.payload) {
+                            Ok(b) => b,
+                            Err(e) => {
+                                tracing::warn!(subject = %m.subject, error = %e, "an answer to a forwarded request was dropped");
+                                continue;
+                            }
+                        };
                         let id = m.subject.rsplit('.').next().and_then(|s| s.parse().ok());
                         if let Some(done) = id.and_then(|id: u64| waiting.lock().remove(&id)) {
-                            let _ = done.send(Ok(m.payload.to_vec()));
+                            let _ = done.send(Ok(body.to_vec()));
                         }
                     }
                 });
@@ -338,7 +346,7 @@ impl JetStreamJournal {
                 .publish_with_reply(
                     format!("{NODE_PREFIX}.{owner}"),
                     format!("{inbox}.{id}"),
-                    Bytes::from(out.body),
+                    self.inner.seal.seal(Purpose::Forward, out.body),
                 )
                 .await;
             if let Err(e) = sent {
@@ -459,6 +467,7 @@ impl ClusterLink for JetStreamJournal {
     fn serve(&self, handler: ForwardHandler) {
         let client = self.inner.client.clone();
         let subject = format!("{NODE_PREFIX}.{}", self.inner.node);
+        let seal = self.inner.seal.clone();
         self.inner.rt.spawn(async move {
             let mut requests = match client.subscribe(subject.clone()).await {
                 Ok(s) => s,
@@ -471,13 +480,23 @@ impl ClusterLink for JetStreamJournal {
                 let Some(reply) = m.reply.clone() else {
                     continue;
                 };
+                let body = match seal.open(Purpose::Forward, &m.payload) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // Not from a node of this cluster: nothing is done,
+                        // nothing answered.
+                        tracing::warn!(subject = %m.subject, error = %e, "a forwarded request was refused");
+                        continue;
+                    }
+                };
                 // Handed to the channel now, in arrival order; answered
                 // when done.
-                let answer = handler(m.payload.to_vec());
+                let answer = handler(body.to_vec());
                 let client = client.clone();
+                let seal = seal.clone();
                 tokio::spawn(async move {
-                    let body = answer.await;
-                    if let Err(e) = client.publish(reply, Bytes::from(body)).await {
+                    let body = seal.seal(Purpose::Answer, answer.await);
+                    if let Err(e) = client.publish(reply, body).await {
                         tracing::warn!(error = %e, "a forwarded request's answer was not sent");
                     }
                 });
@@ -491,9 +510,11 @@ impl ClusterLink for JetStreamJournal {
         let tx = self.inner.announcer.get_or_init(|| {
             let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
             let client = self.inner.client.clone();
+            let seal = self.inner.seal.clone();
             self.inner.rt.spawn(async move {
                 while let Some(body) = rx.recv().await {
-                    if let Err(e) = client.publish(ANNOUNCE_SUBJECT, Bytes::from(body)).await {
+                    let body = seal.seal(Purpose::Announce, body);
+                    if let Err(e) = client.publish(ANNOUNCE_SUBJECT, body).await {
                         tracing::debug!(error = %e, "an announcement was not sent");
                     }
                 }
@@ -505,6 +526,7 @@ impl ClusterLink for JetStreamJournal {
 
     fn hear(&self, sink: Arc<dyn Fn(Vec<u8>) + Send + Sync>) {
         let client = self.inner.client.clone();
+        let seal = self.inner.seal.clone();
         self.inner.rt.spawn(async move {
             let mut heard = match client.subscribe(ANNOUNCE_SUBJECT).await {
                 Ok(s) => s,
@@ -514,7 +536,10 @@ impl ClusterLink for JetStreamJournal {
                 }
             };
             while let Some(m) = heard.next().await {
-                sink(m.payload.to_vec());
+                match seal.open(Purpose::Announce, &m.payload) {
+                    Ok(body) => sink(body.to_vec()),
+                    Err(e) => tracing::debug!(error = %e, "an announcement was dropped"),
+                }
             }
         });
     }

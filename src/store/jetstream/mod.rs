@@ -51,6 +51,7 @@ pub use settings::SETTINGS;
 mod link;
 mod nats;
 mod ownership;
+pub mod seal;
 mod settings;
 mod wire;
 
@@ -107,6 +108,10 @@ pub struct ClusterConfig {
     pub lease: Duration,
     /// Credentials and TLS for a secured NATS.
     pub auth: NatsAuth,
+    /// The server's auth secret: what the nodes send each other on core
+    /// NATS is sealed with a key drawn from it ([`seal`]). `None` (no
+    /// authentication): the nodes trust whatever reaches them on NATS.
+    pub link_secret: Option<Vec<u8>>,
 }
 
 /// How a node proves itself to NATS and checks the server: files only, so
@@ -222,6 +227,7 @@ impl ClusterConfig {
             node_id: node_id.to_owned(),
             lease: Duration::from_secs(10),
             auth: NatsAuth::default(),
+            link_secret: None,
         })
     }
 }
@@ -310,6 +316,9 @@ struct Inner {
     client: async_nats::Client,
     /// Where each append's time and size are recorded, once set.
     commits: std::sync::OnceLock<super::CommitMetrics>,
+    /// Seals what this node tells the others over core NATS, and opens
+    /// what they tell it.
+    seal: seal::Seal,
     /// Announcements, sent in order by one task (started on first use).
     announcer: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>,
     /// Ends the runtime's thread when the journal goes.
@@ -379,6 +388,7 @@ impl JetStreamJournal {
                 following_journal: std::sync::atomic::AtomicBool::new(false),
                 watching_channels: std::sync::atomic::AtomicBool::new(false),
                 commits: std::sync::OnceLock::new(),
+                seal: seal::Seal::new(cfg.link_secret.as_deref()),
                 announcer: std::sync::OnceLock::new(),
                 _stop: stop_tx,
             }),
