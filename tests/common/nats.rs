@@ -63,6 +63,11 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// Its log file.
+    pub fn log(&self) -> std::path::PathBuf {
+        self.dir.join("nats.log")
+    }
+
     /// Kill it (its store stays).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -195,4 +200,86 @@ pub async fn writers(nats: &NatsServer, channel: &str) -> Vec<String> {
         });
     }
     out
+}
+
+/// The buckets a Tandem node keeps in NATS (each a `KV_<bucket>` stream).
+pub const BUCKETS: [&str; 7] = [
+    "tandem_channels",
+    "tandem_snapshots",
+    "tandem_turns",
+    "tandem_providers",
+    "tandem_nodes",
+    "tandem_leases",
+    "tandem_settings",
+];
+
+/// A nats-server configuration an operator would write for Tandem: TLS
+/// with `cert`/`key`, an account `TANDEM` (JetStream on) whose user
+/// `tandem` (password `password`) may publish and subscribe to exactly
+/// what `docs/operating.md` lists, and an account `OTHERS` with a user
+/// `other` (password `other`) for everyone else.
+pub fn secured_config(cert: &std::path::Path, key: &std::path::Path, password: &str) -> String {
+    let mut publish: Vec<String> = [
+        "tandem.>",
+        "_INBOX.>",
+        "$JS.API.INFO",
+        "$JS.FC.>",
+        "$JS.API.STREAM.*.TANDEM_JOURNAL",
+        "$JS.API.STREAM.*.TANDEM_AUDIT",
+        "$JS.API.STREAM.MSG.GET.TANDEM_JOURNAL",
+        "$JS.API.STREAM.MSG.GET.TANDEM_AUDIT",
+        "$JS.API.CONSUMER.*.TANDEM_JOURNAL.>",
+        "$JS.API.CONSUMER.CREATE.TANDEM_JOURNAL",
+        "$JS.API.CONSUMER.MSG.NEXT.TANDEM_JOURNAL.*",
+        "$JS.API.CONSUMER.*.TANDEM_AUDIT.>",
+        "$JS.API.CONSUMER.CREATE.TANDEM_AUDIT",
+        "$JS.API.CONSUMER.MSG.NEXT.TANDEM_AUDIT.*",
+        "$JS.API.DIRECT.GET.TANDEM_JOURNAL",
+        "$JS.API.DIRECT.GET.TANDEM_JOURNAL.>",
+        "$JS.API.DIRECT.GET.TANDEM_AUDIT",
+        "$JS.API.DIRECT.GET.TANDEM_AUDIT.>",
+    ]
+    .map(String::from)
+    .to_vec();
+    for b in BUCKETS {
+        publish.push(format!("$KV.{b}.>"));
+        publish.push(format!("$JS.API.STREAM.*.KV_{b}"));
+        publish.push(format!("$JS.API.STREAM.MSG.GET.KV_{b}"));
+        publish.push(format!("$JS.API.CONSUMER.*.KV_{b}.>"));
+        publish.push(format!("$JS.API.CONSUMER.CREATE.KV_{b}"));
+        publish.push(format!("$JS.API.CONSUMER.MSG.NEXT.KV_{b}.*"));
+        publish.push(format!("$JS.API.DIRECT.GET.KV_{b}"));
+        publish.push(format!("$JS.API.DIRECT.GET.KV_{b}.>"));
+    }
+    let list = |v: &[String]| {
+        v.iter()
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let subscribe = ["_INBOX.>", "tandem.node.*", "tandem.announce"].map(String::from);
+    format!(
+        r#"
+tls {{
+  cert_file: "{cert}"
+  key_file: "{key}"
+}}
+accounts {{
+  TANDEM {{
+    jetstream: enabled
+    users: [
+      {{ user: tandem, password: "{password}",
+         permissions: {{ publish: {{ allow: [{publish}] }}, subscribe: {{ allow: [{subscribe}] }} }} }}
+    ]
+  }}
+  OTHERS {{
+    users: [ {{ user: other, password: other }} ]
+  }}
+}}
+"#,
+        cert = cert.display(),
+        key = key.display(),
+        publish = list(&publish),
+        subscribe = list(&subscribe),
+    )
 }

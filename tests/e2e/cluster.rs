@@ -687,3 +687,101 @@ async fn a_node_applies_another_nodes_chat_only_while_someone_there_watches_it()
         "read from the store again"
     );
 }
+
+/// NATS as an operator runs it: TLS, users with passwords, and Tandem's
+/// own account limited to the subjects `docs/operating.md` lists. Two nodes
+/// work through it together (a session made on one is written from the
+/// other); a client without credentials is not let in, and one of another
+/// account cannot reach the nodes' subjects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_work_through_a_nats_account_limited_to_their_subjects_over_tls() {
+    use futures_util::StreamExt;
+    let dir = temp_dir("cluster-secured");
+    let (tls, _) = crate::common::test_certificate(&dir);
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        crate::common::nats::secured_config(&tls.cert, &tls.key, "tandem-pass"),
+    )
+    .expect("nats.conf");
+    let nats = NatsServer::start_with(&["-c", conf.to_str().expect("utf-8")]);
+    let password = dir.join("password");
+    std::fs::write(&password, "tandem-pass").expect("password");
+    let url = nats.url().replace("nats://", "tls://");
+    let node_on = |id: &str| {
+        ServerProcess::spawn_with(
+            &dir.join(format!("{id}.log")),
+            &[
+                "--cluster",
+                &url,
+                "--node-id",
+                id,
+                "--lease-secs",
+                "2",
+                "--nats-user",
+                "tandem",
+                "--nats-password-file",
+                password.to_str().expect("utf-8"),
+                "--nats-ca",
+                tls.cert.to_str().expect("utf-8"),
+            ],
+        )
+    };
+    let tls_opts = || {
+        async_nats::ConnectOptions::new()
+            .add_root_certificates(tls.cert.clone())
+            .require_tls(true)
+    };
+    // Another account, listening from the start.
+    let other = tls_opts()
+        .user_and_password("other".into(), "other".into())
+        .connect(&url)
+        .await
+        .expect("the other account's user");
+    let mut heard = other
+        .subscribe("tandem.journal.>")
+        .await
+        .expect("subscribe in its own account");
+    let (a, b) = (node_on("a"), node_on("b"));
+    let ca = a.client("ann").await;
+    let (session, chat) = ca.create_session().await;
+    let mut cb = b.client("bob").await;
+    let mut m = cb.subscribe_chat(&chat).await;
+    assert_eq!(
+        title(&mut cb, &session, "through the secured NATS").await,
+        None
+    );
+    assert_eq!(
+        session_title(&a, &session).await,
+        "through the secured NATS"
+    );
+    cb.start_turn(&chat, "hello").await;
+    cb.wait_state(&mut m, |s| s.active_turn.is_none() && !s.turns.is_empty())
+        .await;
+    assert_eq!(last_turn_markdown(&m.state), ["echo: hello"]);
+    let violations = std::fs::read_to_string(nats.log()).unwrap_or_default();
+    assert!(
+        !violations.contains("Permissions Violation"),
+        "the nodes need nothing beyond the list: {violations}"
+    );
+
+    // Without credentials: not let in.
+    assert!(
+        tls_opts().connect(&url).await.is_err(),
+        "a client without credentials is refused"
+    );
+    // Another account: its requests reach no node, and it heard nothing
+    // of what the nodes wrote meanwhile.
+    let forged = other.request("tandem.node.a", "{}".into()).await;
+    assert!(
+        forged.is_err(),
+        "no node answers another account: {forged:?}"
+    );
+    other.flush().await.expect("flushed");
+    assert!(
+        futures_util::FutureExt::now_or_never(heard.next())
+            .flatten()
+            .is_none(),
+        "nothing of Tandem's is heard from another account"
+    );
+}
