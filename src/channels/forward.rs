@@ -28,6 +28,19 @@ pub enum ForwardRequest {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<crate::people::Person>,
     },
+    /// `createSession`, placed on the node asked (it runs the session).
+    #[serde(rename_all = "camelCase")]
+    CreateSession {
+        /// The new session's URI.
+        session: String,
+        /// Its agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        provider: Option<String>,
+        /// The token subject that owns it.
+        owner: String,
+        /// Sessions that subject may own at once.
+        max_sessions: usize,
+    },
     /// `createChat` in `session`.
     CreateChat {
         /// Session URI.

@@ -158,6 +158,9 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
         Ok(r) => r,
         Err(message) => return ready(ForwardReply::failed(RpcError::invalid_request(message))),
     };
+    if matches!(request, ForwardRequest::CreateSession { .. }) {
+        return placed_here(shared, root, request);
+    }
     let channel = match &request {
         ForwardRequest::Dispatch { channel, .. }
         | ForwardRequest::OpenText { channel, .. }
@@ -168,6 +171,7 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
         | ForwardRequest::SetAccess { session, .. }
         | ForwardRequest::Invites { session, .. }
         | ForwardRequest::Handoff { session } => session.clone(),
+        ForwardRequest::CreateSession { session, .. } => session.clone(),
     };
     let Some(target) = shared.registry.get(&channel) else {
         return ready(ForwardReply::NotOwner);
@@ -176,6 +180,7 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
         return ready(ForwardReply::NotOwner);
     }
     match request {
+        request @ ForwardRequest::CreateSession { .. } => placed_here(shared, root, request),
         ForwardRequest::Dispatch {
             origin,
             action,
@@ -246,6 +251,33 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
             None => ready(ForwardReply::failed(super::routes::no_chat(&target.uri))),
         },
     }
+}
+
+/// A session another node placed here (this node ran fewer): made here,
+/// as that node's client asked.
+fn placed_here(
+    shared: &Arc<Shared>,
+    root: &ChannelAddr,
+    request: ForwardRequest,
+) -> LinkFuture<Vec<u8>> {
+    let ForwardRequest::CreateSession {
+        session,
+        provider,
+        owner,
+        max_sessions,
+    } = request
+    else {
+        return Box::pin(std::future::ready(ForwardReply::NotOwner.encode()));
+    };
+    let owner = crate::channels::addr::SessionOwner {
+        subject: owner,
+        max_sessions,
+    };
+    // On an actor thread, as sessions taken from other nodes are (this is
+    // the link's thread, which serves no connection).
+    let home = shared.next_arbiter();
+    let done = root.create_session(session.into(), provider, owner, home);
+    Box::pin(async move { ForwardReply::of(done.await).encode() })
 }
 
 /// Another node, where the session's agent is connected, asks for the

@@ -21,6 +21,7 @@ use serde_json::Value;
 use super::connection::Connection;
 use super::params::ChannelParams;
 use crate::channels::addr::SessionOwner;
+use crate::channels::forward::{ForwardReply, ForwardRequest};
 use crate::channels::{ChannelAddr, DispatchConn};
 use crate::protocol::action::decode_dispatch;
 use crate::protocol::methods::{self as m, decode_params};
@@ -208,11 +209,43 @@ impl Connection {
             subject: self.principal.subject.clone(),
             max_sessions: self.app.shared.config.limits.max_sessions_per_token,
         };
-        let home = self.app.shared.homes.for_new_session();
-        let done = self
-            .app
-            .root
-            .create_session(p.channel.into(), p.provider, owner, home);
+        let (shared, root) = (self.app.shared.clone(), self.app.root.clone());
+        let target = shared.cluster.as_ref().and_then(|link| {
+            let to = crate::store::cluster::place(link.node(), &link.loads());
+            (to != link.node()).then(|| (link.clone(), to))
+        });
+        let Some((link, to)) = target else {
+            let home = shared.homes.for_new_session();
+            let done = root.create_session(p.channel.into(), p.provider, owner, home);
+            self.reply_when(id, done, ctx, |()| Value::Null);
+            return Ok(());
+        };
+        // Another node runs fewer sessions: it takes this one, and this
+        // node reads it back before answering, so the client can use it at
+        // once. One that cannot be reached leaves it here.
+        let uri = crate::ids::ChannelUri::from(p.channel.as_str());
+        let body = ForwardRequest::CreateSession {
+            session: p.channel.clone(),
+            provider: p.provider.clone(),
+            owner: owner.subject.clone(),
+            max_sessions: owner.max_sessions,
+        }
+        .encode();
+        let done = async move {
+            let placed = match link.forward_to(&to, body).await {
+                Ok(answer) => ForwardReply::decode(&answer).into_result(),
+                Err(why) => {
+                    tracing::info!(session = %uri, node = %to, reason = %why, "not placed on another node: made here");
+                    let home = shared.homes.for_new_session();
+                    return root.create_session(uri, p.provider, owner, home).await;
+                }
+            };
+            placed?;
+            link.placed(&to);
+            tracing::debug!(session = %uri, node = %to, "placed on the node that runs fewest sessions");
+            super::cluster::fetch(shared, root, uri).await;
+            Ok(())
+        };
         self.reply_when(id, done, ctx, |()| Value::Null);
         Ok(())
     }

@@ -77,6 +77,23 @@ pub trait ClusterLink: Send + Sync + 'static {
     /// (called once, after start-up recovery).
     fn follow(&self, sink: Arc<dyn Fn(ClusterEvent) + Send + Sync>);
 
+    /// The live nodes and how many sessions each runs, this node first
+    /// (only this node when it has heard of no other).
+    fn loads(&self) -> Vec<(String, usize)> {
+        vec![(self.node().to_owned(), 0)]
+    }
+
+    /// A session was just placed on `node`: count it there until that
+    /// node next tells its load.
+    fn placed(&self, _node: &str) {}
+
+    /// Send `body` to node `node` (a request no channel names yet: a new
+    /// session placed there); resolves with its answer.
+    fn forward_to(&self, node: &str, _body: Vec<u8>) -> LinkFuture<Result<Vec<u8>, String>> {
+        let node = node.to_owned();
+        Box::pin(async move { Err(format!("node `{node}` cannot be reached from here")) })
+    }
+
     /// Send `body` to the node that owns `channel`; resolves with its
     /// answer, or why no owner answered.
     fn forward(&self, channel: &ChannelUri, body: Vec<u8>) -> LinkFuture<Result<Vec<u8>, String>>;
@@ -112,4 +129,60 @@ pub trait ClusterLink: Send + Sync + 'static {
     /// cluster, reading the other nodes' writes and the channels they
     /// create or dispose. `Err` says what is missing.
     fn ready(&self) -> Result<(), String>;
+}
+
+/// The node a new session made through node `me` goes to, given each live
+/// node's sessions (`loads`, `me` among them): `me` while it runs no more
+/// than a little above the least loaded node (the session's first people
+/// are on `me`), else the least loaded (ties: the first named). So a node
+/// that joins takes new sessions until it has its share, and a cluster
+/// whose clients are spread stays local.
+pub fn place(me: &str, loads: &[(String, usize)]) -> String {
+    let mine = loads.iter().find(|(n, _)| n == me).map_or(0, |(_, l)| *l);
+    let Some((least, low)) = loads
+        .iter()
+        .min_by(|(an, al), (bn, bl)| al.cmp(bl).then_with(|| an.cmp(bn)))
+    else {
+        return me.to_owned();
+    };
+    let total: usize = loads.iter().map(|(_, l)| l).sum();
+    let slack = (total / loads.len().max(1) / 5).max(2);
+    if mine <= low + slack {
+        me.to_owned()
+    } else {
+        least.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::place;
+
+    fn loads(v: &[(&str, usize)]) -> Vec<(String, usize)> {
+        v.iter().map(|(n, l)| ((*n).to_owned(), *l)).collect()
+    }
+
+    #[test]
+    fn a_new_session_stays_where_it_is_made_unless_that_node_runs_well_above_the_least() {
+        assert_eq!(place("a", &loads(&[("a", 0)])), "a", "alone");
+        assert_eq!(place("a", &loads(&[("a", 5), ("b", 4), ("c", 6)])), "a");
+        assert_eq!(
+            place("a", &loads(&[("a", 2), ("b", 0)])),
+            "a",
+            "within the slack of 2"
+        );
+        assert_eq!(place("a", &loads(&[("a", 3), ("b", 0)])), "b");
+        // A node that joins takes new sessions until it has its share.
+        assert_eq!(place("a", &loads(&[("a", 40), ("b", 40), ("c", 0)])), "c");
+        assert_eq!(
+            place("b", &loads(&[("a", 40), ("b", 40), ("c", 35)])),
+            "b",
+            "slack: a fifth of the mean"
+        );
+        assert_eq!(
+            place("a", &loads(&[("a", 9), ("b", 1), ("c", 1)])),
+            "b",
+            "ties: the first named"
+        );
+    }
 }

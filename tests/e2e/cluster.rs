@@ -785,3 +785,59 @@ async fn nodes_work_through_a_nats_account_limited_to_their_subjects_over_tls() 
         "nothing of Tandem's is heard from another account"
     );
 }
+
+/// Placement: sessions made through one node spread over the live nodes
+/// (each node tells the others how many it runs), a node that joins takes
+/// new sessions until it has its share, and a session placed elsewhere is
+/// usable through the node it was made through at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_sessions_spread_over_the_nodes_and_a_node_that_joins_takes_a_share() {
+    let nats = NatsServer::start();
+    let dir = temp_dir("cluster-placement");
+    let a = node(&dir, &nats, "a");
+    let b = node(&dir, &nats, "b");
+    let sessions = |v: &Value, n: &str| v["cluster"]["nodes"][n].as_u64();
+    let owned = |v: &Value| v["cluster"]["sessionsOwned"].as_u64().expect("a count");
+    eventually("a hears of b", || async {
+        sessions(&healthz(a.addr).await, "b").map(|_| ())
+    })
+    .await;
+    let mut ca = a.client("ann").await;
+    for _ in 0..10 {
+        let (_, chat) = ca.create_session().await;
+        ca.subscribe_chat(&chat).await;
+    }
+    let (on_a, on_b) = (owned(&healthz(a.addr).await), owned(&healthz(b.addr).await));
+    assert_eq!(on_a + on_b, 10);
+    assert!(
+        on_b >= 3 && on_a.abs_diff(on_b) <= 3,
+        "spread: a {on_a}, b {on_b}"
+    );
+
+    let c = node(&dir, &nats, "c");
+    eventually("a hears of c", || async {
+        sessions(&healthz(a.addr).await, "c").map(|_| ())
+    })
+    .await;
+    let mut last = String::new();
+    for _ in 0..6 {
+        let (_, chat) = ca.create_session().await;
+        last = chat;
+    }
+    let on_c = owned(&healthz(c.addr).await);
+    assert!(on_c >= 3, "the new node took a share: {on_c} of 6");
+    // The last one went to c (a and b were above it): a turn through a.
+    assert!(c
+        .client("probe")
+        .await
+        .subscribe_chat(&last)
+        .await
+        .state
+        .turns
+        .is_empty());
+    let mut m = ca.subscribe_chat(&last).await;
+    ca.start_turn(&last, "placed").await;
+    ca.wait_state(&mut m, |s| s.active_turn.is_none() && !s.turns.is_empty())
+        .await;
+    assert_eq!(last_turn_markdown(&m.state), ["echo: placed"]);
+}

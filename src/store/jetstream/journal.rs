@@ -379,6 +379,12 @@ impl Journal for JetStreamJournal {
             "node": self.inner.node,
             "nats": if self.connected() { "connected" } else { "disconnected: writes are refused until it is back" },
             "channelsOwned": self.owned(),
+            "sessionsOwned": self.sessions_owned(),
+            "nodes": self
+                .live_loads()
+                .into_iter()
+                .map(|(node, sessions)| (node, serde_json::json!(sessions)))
+                .collect::<serde_json::Map<_, _>>(),
             "chatsWatched": self.watched().0,
             "batchesPassed": self.watched().1,
         }))

@@ -43,6 +43,8 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 /// How long a follow waits before making its consumer or watch again after
 /// it ended (NATS went away or came back).
 const RESUME_AFTER_END: Duration = Duration::from_millis(200);
+/// The root's URI: what a request to a node rather than a channel names.
+const ROOT_URI: &str = ahp_types::ROOT_RESOURCE_URI;
 /// How a chat's URI starts (the channels followed by interest).
 const CHAT_SCHEME: &str = "ahp-chat:";
 /// How long a channel's owner, once looked up, is trusted.
@@ -54,6 +56,8 @@ type Answer = oneshot::Sender<Result<Vec<u8>, String>>;
 /// A request on its way to a channel's owner.
 pub(super) struct Outgoing {
     channel: ChannelUri,
+    /// The node to send it to (else the channel's owner).
+    node: Option<String>,
     body: Vec<u8>,
     done: Answer,
 }
@@ -300,6 +304,17 @@ impl JetStreamJournal {
                 let seal = self.inner.seal.clone();
                 tokio::spawn(async move {
                     while let Some(m) = answers.next().await {
+                        let id = m.subject.rsplit('.').next().and_then(|s| s.parse().ok());
+                        if m.payload.is_empty() {
+                            // NATS's own answer: nobody listens on that
+                            // node's subject (it is starting or gone).
+                            if let Some(done) = id.and_then(|id: u64| waiting.lock().remove(&id)) {
+                                let _ = done.send(Err(
+                                    "no node answers there now (starting, or gone)".to_owned(),
+                                ));
+                            }
+                            continue;
+                        }
                         let body = match seal.open(Purpose::Answer, &m.payload) {
                             Ok(b) => b,
                             Err(e) => {
@@ -307,7 +322,6 @@ impl JetStreamJournal {
                                 continue;
                             }
                         };
-                        let id = m.subject.rsplit('.').next().and_then(|s| s.parse().ok());
                         if let Some(done) = id.and_then(|id: u64| waiting.lock().remove(&id)) {
                             let _ = done.send(Ok(body.to_vec()));
                         }
@@ -318,7 +332,11 @@ impl JetStreamJournal {
         }
         let next = AtomicU64::new(1);
         while let Some(out) = rx.recv().await {
-            let owner = match self.owner_of(&out.channel).await {
+            let looked_up = match &out.node {
+                Some(node) => Ok(Some(node.clone())),
+                None => self.owner_of(&out.channel).await,
+            };
+            let owner = match looked_up {
                 Ok(Some(node)) if node != self.inner.node => node,
                 Ok(Some(_)) => {
                     let _ = out.done.send(Err(format!(
@@ -453,6 +471,33 @@ impl ClusterLink for JetStreamJournal {
         let (done, answer) = oneshot::channel();
         let sent = self.inner.forwarder().send(Outgoing {
             channel: channel.clone(),
+            node: None,
+            body,
+            done,
+        });
+        Box::pin(async move {
+            sent.map_err(|_| "the cluster link stopped".to_owned())?;
+            answer
+                .await
+                .unwrap_or_else(|_| Err("the cluster link stopped".to_owned()))
+        })
+    }
+
+    fn loads(&self) -> Vec<(String, usize)> {
+        self.live_loads()
+    }
+
+    fn placed(&self, node: &str) {
+        if let Some((n, _)) = self.inner.loads.heard.lock().get_mut(node) {
+            *n += 1;
+        }
+    }
+
+    fn forward_to(&self, node: &str, body: Vec<u8>) -> LinkFuture<Result<Vec<u8>, String>> {
+        let (done, answer) = oneshot::channel();
+        let sent = self.inner.forwarder().send(Outgoing {
+            channel: ChannelUri::from(ROOT_URI),
+            node: Some(node.to_owned()),
             body,
             done,
         });
@@ -468,6 +513,7 @@ impl ClusterLink for JetStreamJournal {
         let client = self.inner.client.clone();
         let subject = format!("{NODE_PREFIX}.{}", self.inner.node);
         let seal = self.inner.seal.clone();
+        let inner = self.inner.clone();
         self.inner.rt.spawn(async move {
             let mut requests = match client.subscribe(subject.clone()).await {
                 Ok(s) => s,
@@ -476,6 +522,9 @@ impl ClusterLink for JetStreamJournal {
                     return;
                 }
             };
+            // Only a node that answers tells the others its load (new
+            // sessions are placed by it).
+            JetStreamJournal { inner }.start_telling_load();
             while let Some(m) = requests.next().await {
                 let Some(reply) = m.reply.clone() else {
                     continue;

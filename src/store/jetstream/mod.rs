@@ -51,6 +51,7 @@ pub use settings::SETTINGS;
 mod link;
 mod nats;
 mod ownership;
+mod placement;
 pub mod seal;
 mod settings;
 mod wire;
@@ -316,6 +317,8 @@ struct Inner {
     client: async_nats::Client,
     /// Where each append's time and size are recorded, once set.
     commits: std::sync::OnceLock<super::CommitMetrics>,
+    /// What the other nodes last told of their load.
+    loads: placement::Loads,
     /// Seals what this node tells the others over core NATS, and opens
     /// what they tell it.
     seal: seal::Seal,
@@ -389,6 +392,7 @@ impl JetStreamJournal {
                 watching_channels: std::sync::atomic::AtomicBool::new(false),
                 commits: std::sync::OnceLock::new(),
                 seal: seal::Seal::new(cfg.link_secret.as_deref()),
+                loads: placement::Loads::default(),
                 announcer: std::sync::OnceLock::new(),
                 _stop: stop_tx,
             }),
