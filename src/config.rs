@@ -56,6 +56,8 @@ pub struct Config {
     /// On a cluster node that stops: how long it waits for running turns
     /// to end before it hands their sessions to the other nodes anyway.
     pub drain: Duration,
+    /// Where a cluster node puts the sessions made through it.
+    pub place_sessions: Placement,
     /// Unsent bytes a connection may queue before it is evicted.
     pub outbound_limit_bytes: usize,
     /// Largest accepted WebSocket frame.
@@ -206,6 +208,7 @@ impl Default for Config {
             provider_grace: Duration::from_secs(10),
             follow_grace: Duration::from_secs(30),
             drain: Duration::from_secs(30),
+            place_sessions: Placement::Spread,
             turns_window: 50,
             turns_page: 50,
             outbound_limit_bytes: 8 * 1024 * 1024,
@@ -224,4 +227,16 @@ impl Default for Config {
             notify: crate::notify::NotifyConfig::default(),
         }
     }
+}
+
+/// Where a cluster node puts the sessions made through it (`--place-sessions`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// On this node unless it runs clearly more sessions than the least
+    /// loaded live node, which then takes them.
+    #[default]
+    Spread,
+    /// Always on this node.
+    Local,
 }

@@ -91,8 +91,12 @@ impl Nodes {
                     plan: None,
                     nats: Some(nats),
                 };
+                // Each session stays on the node the scenario makes it
+                // through (which node owns what is the scenario's choice);
+                // a build without placement keeps it there anyway.
+                let local = tandem_supports(opts, "--place-sessions")?;
                 for k in 0..nodes.max(1) {
-                    let args = [
+                    let mut args = vec![
                         "--cluster".to_owned(),
                         url.clone(),
                         "--node-id".to_owned(),
@@ -100,6 +104,9 @@ impl Nodes {
                         "--lease-secs".to_owned(),
                         lease_secs.to_string(),
                     ];
+                    if local {
+                        args.extend(["--place-sessions".to_owned(), "local".to_owned()]);
+                    }
                     match Server::tandem(opts, &args).await {
                         Ok(s) => me.servers.push(s),
                         Err(e) => {

@@ -210,7 +210,8 @@ impl Connection {
             max_sessions: self.app.shared.config.limits.max_sessions_per_token,
         };
         let (shared, root) = (self.app.shared.clone(), self.app.root.clone());
-        let target = shared.cluster.as_ref().and_then(|link| {
+        let spread = shared.config.place_sessions == crate::config::Placement::Spread;
+        let target = shared.cluster.as_ref().filter(|_| spread).and_then(|link| {
             let to = crate::store::cluster::place(link.node(), &link.loads());
             (to != link.node()).then(|| (link.clone(), to))
         });

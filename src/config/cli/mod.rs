@@ -210,6 +210,11 @@ pub struct ServeArgs {
     /// the other nodes anyway (idle sessions are handed over at once).
     #[arg(long, default_value_t = Config::default().drain.as_secs_f64())]
     pub drain_secs: f64,
+    /// Where a cluster node puts the sessions made through it: `spread`
+    /// (there, unless it runs clearly more than the least loaded live node,
+    /// which then takes them) or `local` (always there).
+    #[arg(long, value_enum, default_value = "spread")]
+    pub place_sessions: crate::config::Placement,
     /// `full`: every commit survives power loss (synchronous=FULL).
     /// `relaxed`: survives a process crash, not power loss (synchronous=NORMAL).
     #[arg(long, value_enum, default_value = "full")]
@@ -527,6 +532,7 @@ impl ServeArgs {
             ),
             follow_grace: std::time::Duration::from_secs_f64(self.follow_grace_secs.max(0.0)),
             drain: std::time::Duration::from_secs_f64(self.drain_secs.max(0.0)),
+            place_sessions: self.place_sessions,
             replay_ring_len: self.replay_ring_len,
             replay_ring_bytes: self.replay_ring_bytes,
             max_replay_bytes: self.max_replay_bytes,
@@ -762,6 +768,7 @@ mod tests {
             ("lease_secs", cluster.to_vec(), vec!["--lease-secs", "7"], "lease_secs = 7".into()),
             ("follow_grace_secs", cluster.to_vec(), vec!["--follow-grace-secs", "3"], "follow_grace_secs = 3".into()),
             ("drain_secs", cluster.to_vec(), vec!["--drain-secs", "4"], "drain_secs = 4".into()),
+            ("place_sessions", cluster.to_vec(), vec!["--place-sessions", "local"], "place_sessions = \"local\"".into()),
             ("durability", vec![], vec!["--durability", "relaxed"], "durability = \"relaxed\"".into()),
             ("commit_window_ms", vec![], vec!["--commit-window-ms", "7.5"], "commit_window_ms = 7.5".into()),
             ("replay_ring_len", vec![], vec!["--replay-ring-len", "123"], "replay_ring_len = 123".into()),
