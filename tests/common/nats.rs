@@ -283,3 +283,46 @@ accounts {{
         subscribe = list(&subscribe),
     )
 }
+
+/// Three `nats-server -js` routed into one NATS cluster (`tandem`), each
+/// with its own store; ready once JetStream has elected its meta leader.
+pub fn nats_cluster() -> Vec<NatsServer> {
+    let free = || {
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port()
+    };
+    let routes: Vec<u16> = (0..3).map(|_| free()).collect();
+    let servers: Vec<NatsServer> = (0..3)
+        .map(|k| {
+            let others: Vec<String> = (0..3)
+                .filter(|j| *j != k)
+                .map(|j| format!("nats://127.0.0.1:{}", routes[j]))
+                .collect();
+            NatsServer::start_with(&[
+                "-n",
+                &format!("n{k}"),
+                "--cluster_name",
+                "tandem",
+                "--cluster",
+                &format!("nats://127.0.0.1:{}", routes[k]),
+                "--routes",
+                &others.join(","),
+            ])
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + super::WAIT;
+    while !servers
+        .iter()
+        .any(|s| std::fs::read_to_string(s.log()).is_ok_and(|l| l.contains("new metadata leader")))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the NATS cluster elected no JetStream leader"
+        );
+        // The poll interval of a log that announces itself to nobody.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    servers
+}

@@ -735,3 +735,82 @@ async fn whole(node: &ServerProcess, chat: &str) -> ChatState {
     crate::common::fetch_all_turns(&mut c, &mut m).await;
     m.state
 }
+
+/// NATS failover: two Tandem nodes on a three-server NATS cluster with the
+/// stream and buckets at three replicas. One NATS server is SIGKILLed while
+/// a writer starts turns: writes go on, and no echoed turn is lost; the
+/// server, started again, catches up (every replica current).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_server_killed_mid_load_loses_nothing_acknowledged_and_catches_up() {
+    let mut nats = crate::common::nats::nats_cluster();
+    let urls: Vec<String> = nats.iter().map(|n| n.url()).collect();
+    let urls = urls.join(",");
+    let dir = temp_dir("nats-failover");
+    let node_on = |id: &str| {
+        ServerProcess::spawn_with(
+            &dir.join(format!("{id}.log")),
+            &[
+                "--cluster",
+                &urls,
+                "--node-id",
+                id,
+                "--lease-secs",
+                "2",
+                "--nats-replicas",
+                "3",
+            ],
+        )
+    };
+    let (a, b) = (node_on("a"), node_on("b"));
+    let ca = a.client("ann").await;
+    let (_, chat) = ca.create_session().await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (mut tally, report) = Tally::new(1);
+    let w = tokio::spawn(write_turns(
+        b.client("bob").await,
+        chat.clone(),
+        0,
+        stopped,
+        report,
+    ));
+    tally.until("bob writes", |a, _| a[0] >= 3).await;
+    nats[0].stop();
+    let before = tally.accepted[0];
+    tally
+        .until("bob writes on after a NATS server died", |a, _| {
+            a[0] >= before + 5
+        })
+        .await;
+    nats[0].restart();
+    let before = tally.accepted[0];
+    tally
+        .until("bob writes on after it came back", |a, _| {
+            a[0] >= before + 3
+        })
+        .await;
+    stop.send_replace(true);
+    let mut w = w.await.expect("bob");
+    let want = settle(&mut w, &a, &chat).await;
+    assert_all_kept(&want, &w);
+    assert_eq!(
+        fresh(&b, &chat).await,
+        want,
+        "both nodes serve the same chat"
+    );
+
+    // The restarted server holds every replica current again.
+    let nc = async_nats::connect(nats[0].url()).await.expect("NATS");
+    let js = async_nats::jetstream::new(nc);
+    eventually("every replica of the journal is current", || async {
+        let mut stream = js.get_stream("TANDEM_JOURNAL").await.ok()?;
+        let info = stream.info().await.ok()?;
+        let cluster = info.cluster.as_ref()?;
+        let replicas = &cluster.replicas;
+        (replicas.len() == 2
+            && replicas
+                .iter()
+                .all(|r| r.current && r.lag.unwrap_or(0) == 0))
+        .then_some(())
+    })
+    .await;
+}

@@ -205,6 +205,11 @@ pub struct ServeArgs {
     /// subscribes here again.
     #[arg(long, default_value_t = Config::default().follow_grace.as_secs_f64())]
     pub follow_grace_secs: f64,
+    /// Copies NATS keeps of Tandem's stream and buckets (1–5; 3 on a
+    /// three-server NATS cluster survives losing one), set when they are
+    /// first made.
+    #[arg(long, default_value_t = 1)]
+    pub nats_replicas: usize,
     /// Seconds a cluster node that stops (SIGTERM) waits for the turns
     /// running in its sessions to end before it hands those sessions to
     /// the other nodes anyway (idle sessions are handed over at once).
@@ -574,6 +579,7 @@ impl ServeArgs {
                 crate::store::ClusterConfig::parse(urls, self.node_id.as_deref().unwrap_or(""))
                     .map_err(anyhow::Error::msg)?;
             c.lease = std::time::Duration::from_secs_f64(self.lease_secs.max(1.0));
+            c.replicas = self.nats_replicas;
             c.auth = self.nats_auth(crate::store::NatsAuth::default());
             c.auth.check().map_err(anyhow::Error::msg)?;
             return Ok(Some(c));
@@ -587,6 +593,7 @@ impl ServeArgs {
                     // `--lease-secs` (or the file's `lease_secs` key).
                     c.lease = std::time::Duration::from_secs_f64(self.lease_secs.max(1.0));
                 }
+                c.replicas = self.nats_replicas;
                 c.auth = self.nats_auth(c.auth);
                 c.auth.check().map_err(anyhow::Error::msg)?;
                 Ok(Some(c))
@@ -768,6 +775,7 @@ mod tests {
             ("lease_secs", cluster.to_vec(), vec!["--lease-secs", "7"], "lease_secs = 7".into()),
             ("follow_grace_secs", cluster.to_vec(), vec!["--follow-grace-secs", "3"], "follow_grace_secs = 3".into()),
             ("drain_secs", cluster.to_vec(), vec!["--drain-secs", "4"], "drain_secs = 4".into()),
+            ("nats_replicas", cluster.to_vec(), vec!["--nats-replicas", "3"], "nats_replicas = 3".into()),
             ("place_sessions", cluster.to_vec(), vec!["--place-sessions", "local"], "place_sessions = \"local\"".into()),
             ("durability", vec![], vec!["--durability", "relaxed"], "durability = \"relaxed\"".into()),
             ("commit_window_ms", vec![], vec!["--commit-window-ms", "7.5"], "commit_window_ms = 7.5".into()),

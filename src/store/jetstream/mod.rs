@@ -113,6 +113,10 @@ pub struct ClusterConfig {
     /// NATS is sealed with a key drawn from it ([`seal`]). `None` (no
     /// authentication): the nodes trust whatever reaches them on NATS.
     pub link_secret: Option<Vec<u8>>,
+    /// Copies NATS keeps of the journal stream and every bucket (1–5,
+    /// on a NATS cluster of at least as many servers), set when they are
+    /// first made.
+    pub replicas: usize,
 }
 
 /// How a node proves itself to NATS and checks the server: files only, so
@@ -229,6 +233,7 @@ impl ClusterConfig {
             lease: Duration::from_secs(10),
             auth: NatsAuth::default(),
             link_secret: None,
+            replicas: 1,
         })
     }
 }
@@ -368,8 +373,9 @@ impl JetStreamJournal {
         let urls = cfg.urls.clone();
         let lease = cfg.lease;
         let auth = cfg.auth.clone();
+        let replicas = cfg.replicas.clamp(1, 5);
         let nats = rt
-            .spawn(async move { Nats::open(&urls, lease, &auth).await })
+            .spawn(async move { Nats::open(&urls, lease, &auth, replicas).await })
             .await
             .map_err(|e| unavailable("connect", e))??;
         let journal = Self {

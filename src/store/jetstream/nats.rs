@@ -71,6 +71,7 @@ impl Nats {
         urls: &[String],
         lease: Duration,
         auth: &super::NatsAuth,
+        replicas: usize,
     ) -> Result<Self, JournalError> {
         let addrs: Vec<async_nats::ServerAddr> = urls
             .iter()
@@ -138,6 +139,7 @@ impl Nats {
                 subjects: vec![format!("{SUBJECT_PREFIX}.>")],
                 storage: stream::StorageType::File,
                 allow_direct: true,
+                num_replicas: replicas,
                 ..Default::default()
             })
             .await
@@ -148,6 +150,7 @@ impl Nats {
                 subjects: vec![format!("{AUDIT_PREFIX}.>")],
                 storage: stream::StorageType::File,
                 allow_direct: true,
+                num_replicas: replicas,
                 ..Default::default()
             })
             .await
@@ -168,7 +171,7 @@ impl Nats {
                     deny_delete: true,
                     allow_direct: true,
                     discard: stream::DiscardPolicy::New,
-                    num_replicas: 1,
+                    num_replicas: replicas,
                     ..Default::default()
                 })
                 .await
