@@ -93,10 +93,14 @@ pub enum ForwardRequest {
         by: Option<crate::people::Person>,
     },
     /// Hand `session` (and its chats) over to the asking node, where its
-    /// agent's provider is connected.
+    /// agent's provider is connected, or where most of its watchers are.
     Handoff {
         /// Session URI.
         session: String,
+        /// The connections watching the session or its chats on the asking
+        /// node (`None`: the session's agent is connected there).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        watchers: Option<usize>,
     },
     /// `tandem/openText` on `channel` (a chat) for `author`.
     OpenText {

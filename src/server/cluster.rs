@@ -170,7 +170,7 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
         | ForwardRequest::DisposeSession { session, .. }
         | ForwardRequest::SetAccess { session, .. }
         | ForwardRequest::Invites { session, .. }
-        | ForwardRequest::Handoff { session } => session.clone(),
+        | ForwardRequest::Handoff { session, .. } => session.clone(),
         ForwardRequest::CreateSession { session, .. } => session.clone(),
     };
     let Some(target) = shared.registry.get(&channel) else {
@@ -218,7 +218,10 @@ fn answer(shared: &Arc<Shared>, root: &ChannelAddr, body: &[u8]) -> LinkFuture<V
             let done = root.dispose_session(session.into(), by);
             Box::pin(async move { ForwardReply::of(done.await).encode() })
         }
-        ForwardRequest::Handoff { .. } => hand_over(shared, target),
+        ForwardRequest::Handoff { watchers: None, .. } => hand_over(shared, target),
+        ForwardRequest::Handoff {
+            watchers: Some(n), ..
+        } => hand_over_to_watchers(shared, target, n),
         ForwardRequest::SetAccess {
             subject,
             access,
@@ -313,9 +316,58 @@ pub(super) fn hand_over(shared: &Arc<Shared>, session: Channel) -> LinkFuture<Ve
     })
 }
 
+/// Fewest watchers a node must have of a session before it asks for it.
+const WATCHERS_TO_CLAIM: usize = 3;
+
+/// The connections of this node watching `session` or one of its chats.
+fn watchers_here(all: &[Channel], session: &ChannelUri) -> usize {
+    let mut ids = std::collections::HashSet::new();
+    for c in all
+        .iter()
+        .filter(|c| c.uri == *session || c.session.as_ref() == Some(session))
+    {
+        ids.extend(c.hub.ids());
+    }
+    ids.len()
+}
+
+/// Another node, where `n` connections watch the session, asks for it:
+/// handed over when that is clearly most of its watchers (more than twice
+/// this node's, plus one, so it never moves back and forth) and no turn
+/// runs in it.
+fn hand_over_to_watchers(shared: &Arc<Shared>, session: Channel, n: usize) -> LinkFuture<Vec<u8>> {
+    let all = shared.registry.all();
+    let here = watchers_here(&all, &session.uri);
+    let refuse = |why: String| -> LinkFuture<Vec<u8>> {
+        Box::pin(std::future::ready(
+            ForwardReply::failed(RpcError::invalid_request(why)).encode(),
+        ))
+    };
+    if n < WATCHERS_TO_CLAIM || n <= 2 * here + 1 {
+        return refuse(format!("{here} of its watchers are here, {n} there"));
+    }
+    let chats: Vec<ChannelAddr> = all
+        .iter()
+        .filter(|c| c.addr.is_chat() && c.session.as_ref() == Some(&session.uri))
+        .map(|c| c.addr.clone())
+        .collect();
+    let shared = shared.clone();
+    Box::pin(async move {
+        for c in &chats {
+            if c.busy().await {
+                return ForwardReply::failed(RpcError::invalid_request("a turn runs in it"))
+                    .encode();
+            }
+        }
+        tracing::info!(session = %session.uri, here, there = n, "handing the session to the node where most of its watchers are");
+        hand_over(&shared, session).await
+    })
+}
+
 /// Ask for the sessions this node follows whose agent is connected here
-/// (a provider connection), and run them here once handed over.
-async fn claim_pinned_sessions(shared: &Arc<Shared>, all: &[Channel]) {
+/// (a provider connection), or most of whose watchers are here, and run
+/// them here once handed over.
+async fn claim_sessions(shared: &Arc<Shared>, all: &[Channel]) {
     let Some(link) = shared.cluster.clone() else {
         return;
     };
@@ -325,14 +377,22 @@ async fn claim_pinned_sessions(shared: &Arc<Shared>, all: &[Channel]) {
             .and_then(|p| shared.providers.get(p))
             .is_some_and(|a| a.pinned_here())
     };
-    let wanted: Vec<&Channel> = all
+    let wanted: Vec<(&Channel, Option<usize>)> = all
         .iter()
         .filter(|c| !c.addr.is_chat() && c.uri.as_str() != ROOT_RESOURCE_URI)
-        .filter(|c| shared.follows(&c.uri) && pinned(c))
+        .filter(|c| shared.follows(&c.uri))
+        .filter_map(|c| {
+            if pinned(c) {
+                return Some((c, None));
+            }
+            let n = watchers_here(all, &c.uri);
+            (n >= WATCHERS_TO_CLAIM).then_some((c, Some(n)))
+        })
         .collect();
-    for session in wanted {
+    for (session, watchers) in wanted {
         let body = ForwardRequest::Handoff {
             session: session.uri.to_string(),
+            watchers,
         }
         .encode();
         let handed = link
@@ -353,7 +413,7 @@ async fn claim_pinned_sessions(shared: &Arc<Shared>, all: &[Channel]) {
         for _ in 0..HANDOFF_TRIES {
             match link.take_over(channels.clone()).await {
                 Ok(true) => {
-                    tracing::info!(session = %session.uri, "handed over: this node, where its agent is connected, runs the session now");
+                    tracing::info!(session = %session.uri, ?watchers, "handed over: this node runs the session now (its agent is connected here, or most of its watchers are)");
                     for uri in &channels {
                         if let Some(c) = shared.registry.get(uri) {
                             c.addr.promote();
@@ -398,7 +458,7 @@ async fn take_over_orphans(shared: Arc<Shared>) {
     loop {
         every.tick().await;
         let all = shared.registry.all();
-        claim_pinned_sessions(&shared, &all).await;
+        claim_sessions(&shared, &all).await;
         let followed: Vec<ChannelUri> = all
             .iter()
             .filter(|c| !c.addr.is_chat() && c.uri.as_str() != ROOT_RESOURCE_URI)

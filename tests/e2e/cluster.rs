@@ -841,3 +841,34 @@ async fn new_sessions_spread_over_the_nodes_and_a_node_that_joins_takes_a_share(
         .await;
     assert_eq!(last_turn_markdown(&m.state), ["echo: placed"]);
 }
+
+/// Rebalancing: a session whose watchers are mostly on another node moves
+/// there (once no turn runs in it), and goes on serving them from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_moves_to_the_node_where_most_of_its_watchers_are() {
+    let nats = NatsServer::start();
+    let dir = temp_dir("cluster-affinity");
+    let a = node(&dir, &nats, "a");
+    let b = node(&dir, &nats, "b");
+    let owned = |v: &Value| v["cluster"]["sessionsOwned"].as_u64().expect("a count");
+    let maker = a.client("maker").await;
+    let (_, chat) = maker.create_session().await;
+    maker.client.shutdown().await;
+    assert_eq!(owned(&healthz(a.addr).await), 1);
+    let mut watchers = Vec::new();
+    for k in 0..3 {
+        let c = b.client(&format!("watcher-{k}")).await;
+        let m = c.subscribe_chat(&chat).await;
+        watchers.push((c, m));
+    }
+    eventually("b runs the session", || async {
+        (owned(&healthz(b.addr).await) == 1).then_some(())
+    })
+    .await;
+    assert_eq!(owned(&healthz(a.addr).await), 0);
+    let (c, m) = &mut watchers[0];
+    c.start_turn(&chat, "moved").await;
+    c.wait_state(m, |s| s.active_turn.is_none() && !s.turns.is_empty())
+        .await;
+    assert_eq!(last_turn_markdown(&m.state), ["echo: moved"]);
+}
