@@ -147,17 +147,31 @@ async fn run_page_tests(file: &str, env: &[(&str, String)], passes: usize, limit
     )
     .envs(env.iter().map(|(k, v)| (k, v)))
     .kill_on_drop(true);
-    let out = tokio::time::timeout(limit, node.output())
-        .await
-        .unwrap_or_else(|_| panic!("{file} finished within {limit:?}"))
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // What node says goes to files, so a run that does not finish still
+    // tells how far it got.
+    let logs = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("page-tests");
+    std::fs::create_dir_all(&logs).expect("the page tests' log directory");
+    let (out_path, err_path) = (
+        logs.join(format!("{file}.{}.out", std::process::id())),
+        logs.join(format!("{file}.{}.err", std::process::id())),
+    );
+    node.stdout(std::fs::File::create(&out_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"));
+    let mut child = node.spawn().expect("run node");
+    let finished = tokio::time::timeout(limit, child.wait()).await;
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
     println!("{stdout}\n{stderr}");
+    let status = match finished {
+        Ok(status) => status.expect("wait for node"),
+        Err(_) => {
+            let _ = child.kill().await;
+            panic!("{file} did not finish within {limit:?}; so far:\n{stdout}\n{stderr}");
+        }
+    };
     assert!(
-        out.status.success(),
-        "{file} failed ({}):\n{stdout}\n{stderr}",
-        out.status
+        status.success(),
+        "{file} failed ({status}):\n{stdout}\n{stderr}"
     );
     assert!(
         stdout.contains(&format!("pass {passes}")) && stdout.contains("fail 0"),

@@ -43,6 +43,10 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 /// How long a follow waits before making its consumer or watch again after
 /// it ended (NATS went away or came back).
 const RESUME_AFTER_END: Duration = Duration::from_millis(200);
+/// How long one pull of the journal follow waits on the server: its
+/// heartbeats come at half that, and two missed ones make the consumer
+/// again (about twice this after its server died).
+const FOLLOW_PULL_EXPIRES: Duration = Duration::from_secs(2);
 /// The root's URI: what a request to a node rather than a channel names.
 const ROOT_URI: &str = ahp_types::ROOT_RESOURCE_URI;
 /// How a chat's URI starts (the channels followed by interest).
@@ -175,6 +179,11 @@ impl JetStreamJournal {
                     deliver_policy: DeliverPolicy::ByStartSequence {
                         start_sequence: from,
                     },
+                    // Pulls that expire soon, with heartbeats at half
+                    // that: a consumer lost with its NATS server (the
+                    // stream's leader) is found missing in seconds, not
+                    // the half minute of the default pull.
+                    max_expires: FOLLOW_PULL_EXPIRES,
                     ..Default::default()
                 })
                 .await;

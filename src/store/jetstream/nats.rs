@@ -66,6 +66,11 @@ fn reconnect_delay(attempts: usize, lease: Duration) -> Duration {
     doubling.min(lease / 8).min(Duration::from_secs(4))
 }
 
+/// How long a start keeps trying to make its streams and buckets.
+const SETUP_WITHIN: Duration = Duration::from_secs(20);
+/// The pause between two such tries.
+const SETUP_RETRY: Duration = Duration::from_millis(500);
+
 impl Nats {
     pub(super) async fn open(
         urls: &[String],
@@ -133,6 +138,29 @@ impl Nats {
         let js = jetstream::ContextBuilder::new()
             .timeout(Duration::from_secs(5))
             .build(client);
+        // A NATS cluster that is still forming (its JetStream leader just
+        // elected, peers not yet current) refuses replicated streams for
+        // a moment: the start tries again for a while before it fails.
+        let deadline = tokio::time::Instant::now() + SETUP_WITHIN;
+        loop {
+            match Self::set_up(js.clone(), lease, replicas, reconnected.clone()).await {
+                Ok(nats) => return Ok(nats),
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "JetStream is not ready yet; trying again");
+                    tokio::time::sleep(SETUP_RETRY).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Make (or open) the streams and buckets on `js`.
+    async fn set_up(
+        js: jetstream::Context,
+        lease: Duration,
+        replicas: usize,
+        reconnected: Arc<tokio::sync::Notify>,
+    ) -> Result<Self, JournalError> {
         let stream = js
             .get_or_create_stream(stream::Config {
                 name: STREAM.into(),
